@@ -1,0 +1,1 @@
+"""Model loading and the embedded default model."""

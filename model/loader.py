@@ -1,0 +1,191 @@
+"""Load a causal LM and its tokenizer from `builtin`, a local folder or a hub id, on the chosen device and dtype."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import is_gptqmodel_available, is_optimum_available
+
+from config.settings import ModelSettings, TokenizerSettings
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_NAME = "builtin"
+BUILTIN_MODEL_DIR = Path(__file__).resolve().parent / "builtin"
+MODEL_SETTING = "BATCHSCOPE_MODEL__NAME_OR_PATH"
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; the message is one line that says which setting to change."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for inference, with what the page shows about it."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+    name: str
+    num_parameters: int
+    load_seconds: float
+
+    @property
+    def context_length(self) -> int:
+        """The most positions the model can attend over (prompt + generated tokens)."""
+        return model_context_length(self.model)
+
+
+def model_context_length(model: PreTrainedModel) -> int:
+    """Read the context length from the config, whatever the architecture calls it."""
+    config = model.config
+    for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def resolve_device(choice: str) -> torch.device:
+    """`auto` picks cuda, then mps, then cpu; an explicit choice that is not present is an error."""
+    cuda = torch.cuda.is_available()
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if choice == "auto":
+        return torch.device("cuda" if cuda else "mps" if mps else "cpu")
+    if choice == "cuda" and not cuda:
+        raise ModelLoadError("BATCHSCOPE_MODEL__DEVICE=cuda but no CUDA GPU is visible; use auto or cpu")
+    if choice == "mps" and not mps:
+        raise ModelLoadError("BATCHSCOPE_MODEL__DEVICE=mps but Apple MPS is not available; use auto or cpu")
+    return torch.device(choice)
+
+
+def resolve_dtype(choice: str, device: torch.device) -> torch.dtype:
+    """`auto` is bfloat16 (float16 without bf16 support) on cuda, float32 on cpu and mps.
+
+    float16 on mps flips greedy near-ties, so it is never picked automatically there.
+    """
+    if choice != "auto":
+        return getattr(torch, choice)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def resolve_source(name_or_path: str) -> str:
+    """Map `builtin` to the embedded model's folder; anything else is a local folder or a hub id."""
+    if name_or_path == BUILTIN_NAME:
+        if not (BUILTIN_MODEL_DIR / "config.json").is_file():
+            raise ModelLoadError(
+                f"the embedded model is missing from {BUILTIN_MODEL_DIR}; rebuild it with "
+                f"`python -m model.train_builtin` or set {MODEL_SETTING} to a folder or hub id"
+            )
+        return str(BUILTIN_MODEL_DIR)
+    looks_like_path = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).expanduser().exists()
+    if looks_like_path:
+        folder = Path(name_or_path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(
+                f"{MODEL_SETTING}={name_or_path}: no config.json in that folder; "
+                "give a folder saved with save_pretrained, a hub id, or builtin"
+            )
+        return str(folder)
+    return name_or_path
+
+
+def require_gptq(device: torch.device) -> None:
+    """Say clearly why GPTQ cannot be used here: its backend is missing, or there is no GPU."""
+    missing = [
+        name for name, ok in (("gptqmodel", is_gptqmodel_available()), ("optimum", is_optimum_available())) if not ok
+    ]
+    if missing:
+        raise ModelLoadError(
+            f"BATCHSCOPE_MODEL__USE_GPTQ=true needs the GPTQ backend ({', '.join(missing)} not installed): "
+            "pip install -r requirements-gptq.txt, or set BATCHSCOPE_MODEL__USE_GPTQ=false"
+        )
+    if device.type != "cuda":
+        raise ModelLoadError(
+            f"BATCHSCOPE_MODEL__USE_GPTQ=true needs a CUDA GPU, but the device is {device.type}; "
+            "set BATCHSCOPE_MODEL__USE_GPTQ=false"
+        )
+
+
+def gptq_config(settings: ModelSettings, tokenizer: PreTrainedTokenizerBase) -> object:
+    """transformers' GPTQConfig for the gptqmodel backend (quantises on load, or picks the kernel of a GPTQ model)."""
+    from transformers import GPTQConfig
+
+    return GPTQConfig(
+        bits=settings.gptq_bits, dataset=settings.gptq_dataset, tokenizer=tokenizer, backend=settings.gptq_backend
+    )
+
+
+def _hub_error(settings: ModelSettings, exc: Exception) -> ModelLoadError:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ModelLoadError(
+        f"could not load {MODEL_SETTING}={settings.name_or_path}: not a local folder, and the model hub "
+        f"could not provide it ({first_line[:160]}); set {MODEL_SETTING}=builtin or to a local folder"
+    )
+
+
+def load_tokenizer(
+    source: str, settings: ModelSettings, tokenizer_settings: TokenizerSettings
+) -> PreTrainedTokenizerBase:
+    """Load the tokenizer with the configured sides, and make sure it has a pad token."""
+    tokenizer = AutoTokenizer.from_pretrained(
+        source,
+        revision=settings.revision,
+        use_fast=tokenizer_settings.use_fast,
+        trust_remote_code=settings.trust_remote_code,
+    )
+    tokenizer.padding_side = tokenizer_settings.padding_side
+    tokenizer.truncation_side = tokenizer_settings.truncation_side
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | None = None) -> LoadedModel:
+    """Load model and tokenizer for inference: eval mode, no gradients, placed with accelerate's device_map."""
+    started = time.perf_counter()
+    tokenizer_settings = tokenizer_settings or TokenizerSettings()
+    source = resolve_source(settings.name_or_path)
+    device = resolve_device(settings.device)
+    dtype = resolve_dtype(settings.dtype, device)
+    if settings.use_gptq:
+        require_gptq(device)
+    try:
+        tokenizer = load_tokenizer(source, settings, tokenizer_settings)
+        quantization = gptq_config(settings, tokenizer) if settings.use_gptq else None
+        model = AutoModelForCausalLM.from_pretrained(
+            source,
+            revision=settings.revision,
+            dtype=dtype,
+            # "auto" lets accelerate spread a model too large for one GPU over several.
+            device_map="auto" if device.type == "cuda" else device.type,
+            trust_remote_code=settings.trust_remote_code,
+            quantization_config=quantization,
+        )
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise _hub_error(settings, exc) from exc
+    model.eval()
+    model.requires_grad_(False)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    seconds = time.perf_counter() - started
+    logger.info("loaded %s on %s as %s in %.2f s", settings.name_or_path, device, dtype, seconds)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        device=model.device,
+        dtype=dtype,
+        name=settings.name_or_path,
+        num_parameters=model.num_parameters(),
+        load_seconds=seconds,
+    )
