@@ -1,0 +1,82 @@
+"""Plain events the batchers emit; the page, the benchmark and the tests consume the same stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batching.request import FinishReason
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A request produced one token; `text` is what it adds to the decoded answer (may be empty mid-character)."""
+
+    request_id: str
+    token_id: int
+    text: str
+    index: int
+    time: float
+
+
+@dataclass(frozen=True)
+class FinishedEvent:
+    """A request left the engine, for good."""
+
+    request_id: str
+    reason: FinishReason
+    output_ids: tuple[int, ...]
+    text: str
+    prompt_tokens: int
+    arrival: float
+    admitted: float | None
+    first_token: float | None
+    finished: float
+    slot: int | None
+    error: str | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finished - self.arrival
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.admitted is None else self.admitted - self.arrival
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.first_token is None or self.output_tokens < 2:
+            return None
+        return (self.finished - self.first_token) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One engine step (one forward pass): who sat in each slot, and how many tokens of each kind it computed.
+
+    `slots[k]` is the id of the request in slot k, or None when the slot was idle. A static wave's finished
+    members still hold their slot (computing padding) until the wave ends: they are listed in `idle_held`.
+    """
+
+    index: int
+    start: float
+    end: float
+    slots: tuple[str | None, ...]
+    prefill_tokens: int
+    decode_tokens: int
+    idle_held: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> int:
+        """Requests that did useful work this step."""
+        return sum(1 for request_id in self.slots if request_id is not None) - len(self.idle_held)
+
+
+Event = TokenEvent | FinishedEvent | StepEvent

@@ -1,0 +1,65 @@
+"""Choose each row's next token: one batched argmax for greedy rows, transformers' logits processors otherwise."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    LogitsProcessorList,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from batching.request import Request, SamplingParams
+
+
+def build_processors(params: SamplingParams) -> LogitsProcessorList:
+    """The same processors, in the same order, as `model.generate` builds for these parameters."""
+    processors = LogitsProcessorList()
+    if params.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.do_sample:
+        if params.temperature != 1.0:
+            processors.append(TemperatureLogitsWarper(params.temperature))
+        if params.top_k > 0:
+            processors.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            processors.append(TopPLogitsWarper(params.top_p))
+    return processors
+
+
+class RequestSampler:
+    """One request's processors and random generator: its draws depend on its own seed only, not on the batch."""
+
+    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+        self.params = params
+        self.processors = build_processors(params)
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(params.seed)
+
+    def choose(self, logits: torch.Tensor, history: list[int]) -> int:
+        """Next token from one row of logits `[vocab]`, given the ids so far (prompt and output)."""
+        scores = logits[None]
+        if self.processors:
+            ids = torch.tensor([history], device=logits.device)
+            scores = self.processors(ids, scores)
+        if not self.params.do_sample:
+            return int(scores.argmax(dim=-1))
+        probs = torch.softmax(scores, dim=-1)
+        return int(torch.multinomial(probs, num_samples=1, generator=self.generator))
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """Argmax of every row at once: one call for the whole batch."""
+    return logits.argmax(dim=-1).tolist()
+
+
+def finite_rows(logits: torch.Tensor) -> list[bool]:
+    """Rows whose logits are all finite; a NaN or inf row would give a meaningless token."""
+    return torch.isfinite(logits).all(dim=-1).tolist()
+
+
+def sampler_for(request: Request, device: torch.device) -> RequestSampler | None:
+    """A sampler when the request needs more than argmax; None keeps it on the batched greedy path."""
+    return RequestSampler(request.sampling, device) if request.sampling.needs_processing else None
