@@ -1,0 +1,112 @@
+"""Reference workloads (shipped in `batching/workloads/`), and loading a workload from a JSON or CSV file."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """One queued prompt; a missing cap means "the default cap" (the model's EOS decides the length)."""
+
+    prompt: str
+    max_new_tokens: int | None = None
+    arrival_s: float | None = None
+    arrival_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    requests: tuple[WorkloadRequest, ...]
+    batch_size: int = 8
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def builtin_workload_names() -> list[str]:
+    return sorted(path.stem for path in WORKLOAD_DIR.glob("*.json"))
+
+
+def load_workload(name_or_path: str) -> Workload:
+    """A built-in workload by name, or a JSON/CSV file with `prompt`, `max_new_tokens`, optional `arrival_s`."""
+    builtin = WORKLOAD_DIR / f"{name_or_path}.json"
+    if builtin.is_file():
+        return _from_json(builtin)
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(
+            f"workload {name_or_path!r} is neither a built-in ({', '.join(builtin_workload_names())}) nor a file"
+        )
+    if path.suffix.lower() == ".csv":
+        return _from_csv(path)
+    if path.suffix.lower() == ".json":
+        return _from_json(path)
+    raise ValueError(f"workload file {path} is not allowed: use a .json or .csv file")
+
+
+def _request(raw: dict, where: str) -> WorkloadRequest:
+    prompt = raw.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: prompt is missing or empty")
+
+    def number(key: str, kind: type, minimum: float) -> float | int | None:
+        value = raw.get(key)
+        if value in (None, ""):
+            return None
+        try:
+            parsed = kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {key}={value!r} is not a {kind.__name__}") from None
+        if kind is int and float(value) != parsed:
+            raise ValueError(f"{where}: {key}={value!r} is not a whole number")
+        if parsed < minimum:
+            raise ValueError(f"{where}: {key}={value!r} is not allowed: must be >= {minimum}")
+        return parsed
+
+    return WorkloadRequest(
+        prompt=prompt,
+        max_new_tokens=number("max_new_tokens", int, 1),
+        arrival_s=number("arrival_s", float, 0),
+        arrival_step=number("arrival_step", int, 0),
+    )
+
+
+def _from_json(path: Path) -> Workload:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"workload file {path} is not valid JSON: {exc}") from None
+    raw_requests = data.get("requests") if isinstance(data, dict) else data
+    if not isinstance(raw_requests, list) or not raw_requests:
+        raise ValueError(f"workload file {path}: expected a non-empty list of requests (or {{'requests': [...]}})")
+    requests = tuple(
+        _request(raw if isinstance(raw, dict) else {}, f"{path.name} request {i}") for i, raw in enumerate(raw_requests)
+    )
+    meta = data if isinstance(data, dict) else {}
+    batch_size = meta.get("batch_size", 8)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"workload file {path}: batch_size={batch_size!r} must be a whole number >= 1")
+    return Workload(
+        name=str(meta.get("name", path.stem)),
+        requests=requests,
+        batch_size=batch_size,
+        source=str(meta.get("source", "")),
+    )
+
+
+def _from_csv(path: Path) -> Workload:
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"workload file {path} is not valid CSV: {exc}") from None
+    if not rows or "prompt" not in rows[0]:
+        raise ValueError(f"workload file {path}: expected a header with a 'prompt' column and at least one row")
+    requests = tuple(_request(row, f"{path.name} row {i + 2}") for i, row in enumerate(rows))
+    return Workload(name=path.stem, requests=requests)
