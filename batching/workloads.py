@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
+RANDOM_NAME = "random"
+DISTRIBUTIONS = ("uniform", "exponential", "lognormal")
+# The vocabulary of random prompts: shop words, so the embedded model sees familiar tokens.
+_WORDS = tuple(
+    """order shipping return refund colour size price discount code delivery address parcel warranty account
+    password invoice store stock item jacket shoe shirt hoodie phone laptop battery screen cable charger gift
+    wrap sale week city today tomorrow please thanks help change cancel track update check available quickly
+    blue red black white green small large medium fast slow new old best cheap premium express standard""".split()  # noqa: SIM905
+)
 
 
 @dataclass(frozen=True)
@@ -34,14 +45,18 @@ def builtin_workload_names() -> list[str]:
 
 
 def load_workload(name_or_path: str) -> Workload:
-    """A built-in workload by name, or a JSON/CSV file with `prompt`, `max_new_tokens`, optional `arrival_s`."""
+    """A built-in workload by name, `random` (the seeded default), or a JSON/CSV file with `prompt`,
+    `max_new_tokens`, optional `arrival_s` / `arrival_step`."""
+    if name_or_path == RANDOM_NAME:
+        return random_workload()
     builtin = WORKLOAD_DIR / f"{name_or_path}.json"
     if builtin.is_file():
         return _from_json(builtin)
     path = Path(name_or_path)
     if not path.is_file():
         raise ValueError(
-            f"workload {name_or_path!r} is neither a built-in ({', '.join(builtin_workload_names())}) nor a file"
+            f"workload {name_or_path!r} is neither a built-in ({', '.join([*builtin_workload_names(), RANDOM_NAME])}) "
+            "nor a file"
         )
     if path.suffix.lower() == ".csv":
         return _from_csv(path)
@@ -110,3 +125,70 @@ def _from_csv(path: Path) -> Workload:
         raise ValueError(f"workload file {path}: expected a header with a 'prompt' column and at least one row")
     requests = tuple(_request(row, f"{path.name} row {i + 2}") for i, row in enumerate(rows))
     return Workload(name=path.stem, requests=requests)
+
+
+@dataclass(frozen=True)
+class LengthRange:
+    """A length drawn from `distribution` and kept within [low, high].
+
+    uniform: every length equally likely; exponential: mostly short with a long tail (mean a quarter of the way
+    up); lognormal: median at the geometric mean of the bounds, about 95% of draws inside them before clipping.
+    """
+
+    low: int
+    high: int
+    distribution: str = "uniform"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low <= self.high:
+            raise ValueError(f"length range {self.low}:{self.high} is not allowed: need 1 <= low <= high")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(
+                f"distribution {self.distribution!r} is not allowed: choose one of {', '.join(DISTRIBUTIONS)}"
+            )
+
+    @classmethod
+    def parse(cls, text: str, distribution: str = "uniform") -> LengthRange:
+        """`LOW:HIGH` (or a single number for a fixed length)."""
+        low, _, high = text.partition(":")
+        try:
+            bounds = (int(low), int(high or low))
+        except ValueError:
+            raise ValueError(f"length range {text!r} is not allowed: write LOW:HIGH, e.g. 8:64") from None
+        return cls(*bounds, distribution)
+
+    def draw(self, rng: random.Random) -> int:
+        if self.distribution == "uniform":
+            value = rng.uniform(self.low, self.high + 1)
+        elif self.distribution == "exponential":
+            value = self.low + rng.expovariate(4 / max(self.high - self.low, 1))
+        else:
+            mu = (math.log(self.low) + math.log(self.high)) / 2
+            sigma = max((math.log(self.high) - math.log(self.low)) / 4, 1e-9)
+            value = rng.lognormvariate(mu, sigma)
+        return min(self.high, max(self.low, int(value)))
+
+
+def random_workload(
+    requests: int = 32,
+    prompt_words: LengthRange = LengthRange(4, 40),
+    max_new_tokens: LengthRange = LengthRange(8, 256, "exponential"),
+    batch_size: int = 8,
+    seed: int = 0,
+) -> Workload:
+    """A seeded synthetic workload: prompts of random words, caps from a length distribution; same seed, same list."""
+    if requests < 1:
+        raise ValueError(f"requests={requests} is not allowed: must be >= 1")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} is not allowed: must be >= 1")
+    rng = random.Random(seed)
+    items = []
+    for _ in range(requests):
+        words = [rng.choice(_WORDS) for _ in range(prompt_words.draw(rng))]
+        prompt = " ".join(words).capitalize() + "?"
+        items.append(WorkloadRequest(prompt=prompt, max_new_tokens=max_new_tokens.draw(rng)))
+    source = (
+        f"seeded synthetic (seed {seed}): {requests} requests, prompt words {prompt_words.low}:{prompt_words.high} "
+        f"{prompt_words.distribution}, caps {max_new_tokens.low}:{max_new_tokens.high} {max_new_tokens.distribution}"
+    )
+    return Workload(name=RANDOM_NAME, requests=tuple(items), batch_size=batch_size, source=source)

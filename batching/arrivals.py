@@ -1,0 +1,160 @@
+"""When each request of a run is submitted: all at once, just before engine step k, at given times, or Poisson.
+
+The driver submits between engine steps (a batcher admits at the start of its next step), so one schedule drives
+the static and the continuous batcher, and the transformers peer, the same way. The benchmark and the page both
+use it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from batching.engine import Batcher
+from batching.events import Event
+from batching.workloads import Workload
+
+AT_ONCE = "at-once"
+PER_STEP = "per-step"
+TIMED = "timed"
+KINDS = (AT_ONCE, PER_STEP, TIMED)
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When each request (by its index in the workload) arrives: `due[i]` is a step index or seconds from the start."""
+
+    kind: str
+    due: tuple[float, ...]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"arrival kind {self.kind!r} is not allowed: choose one of {', '.join(KINDS)}")
+        if any(not value >= 0 for value in self.due):
+            raise ValueError("arrival steps and times must be >= 0")
+
+    def __len__(self) -> int:
+        return len(self.due)
+
+    @classmethod
+    def at_once(cls, count: int) -> Schedule:
+        return cls(AT_ONCE, (0.0,) * count, "every request at once")
+
+    @classmethod
+    def per_step(cls, steps: Sequence[int]) -> Schedule:
+        """Request i is submitted just before engine step `steps[i]` (0 = before the first step)."""
+        return cls(PER_STEP, tuple(float(step) for step in steps), "each request just before its engine step")
+
+    @classmethod
+    def timed(cls, seconds: Sequence[float], description: str = "at the workload's arrival times") -> Schedule:
+        return cls(TIMED, tuple(float(second) for second in seconds), description)
+
+    @classmethod
+    def poisson(cls, count: int, rate_per_s: float, seed: int = 0) -> Schedule:
+        """A Poisson stream: the first request at 0 s, then exponential gaps with mean 1/rate; the seed fixes it."""
+        if not rate_per_s > 0:
+            raise ValueError(f"rate={rate_per_s} is not allowed: must be > 0 requests/s")
+        rng = random.Random(seed)
+        times, now = [], 0.0
+        for index in range(count):
+            if index:
+                now += rng.expovariate(rate_per_s)
+            times.append(now)
+        return cls.timed(times, f"Poisson arrivals at {rate_per_s:g} requests/s (seed {seed})")
+
+    @classmethod
+    def for_workload(cls, workload: Workload, rate_per_s: float | None = None, seed: int = 0) -> Schedule:
+        """Poisson when a rate is given; else the workload's `arrival_step`s, else its `arrival_s`, else at once.
+
+        A request without a step (or time) in a workload that gives them to others arrives at step 0 (time 0).
+        """
+        requests = workload.requests
+        if rate_per_s is not None:
+            return cls.poisson(len(requests), rate_per_s, seed)
+        if any(request.arrival_step is not None for request in requests):
+            return cls.per_step([request.arrival_step or 0 for request in requests])
+        if any(request.arrival_s is not None for request in requests):
+            return cls.timed([request.arrival_s or 0.0 for request in requests])
+        return cls.at_once(len(requests))
+
+
+class ArrivalDriver:
+    """Submits each request (calls `submit(index)`) once its step or time has come.
+
+    Call `release(steps_done)` between steps; when the engine has nothing to do, `wait_idle()` moves on to the next
+    arrival: it sleeps until the next time, or (per-step) releases the next group at once, since an idle engine
+    takes no steps.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        submit: Callable[[int], object],
+        clock: Clock = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.schedule = schedule
+        self.submit = submit
+        self.clock = clock
+        self.sleep = sleep
+        self._order = sorted(range(len(schedule)), key=lambda index: schedule.due[index])
+        self._next = 0
+        self.started: float | None = None
+
+    def start(self) -> float:
+        """Start the clock the arrival times count from; returns that time."""
+        self.started = self.clock()
+        return self.started
+
+    @property
+    def done(self) -> bool:
+        """Every request has been submitted."""
+        return self._next >= len(self._order)
+
+    @property
+    def submitted(self) -> int:
+        return self._next
+
+    def release(self, steps_done: int) -> int:
+        """Submit every request now due: its step is <= `steps_done`, or its time has passed. Returns how many."""
+        if self.started is None:
+            self.start()
+        due = self.schedule.due
+        reached = self.clock() - self.started if self.schedule.kind == TIMED else steps_done
+        count = 0
+        while self._next < len(self._order) and due[self._order[self._next]] <= reached:
+            self.submit(self._order[self._next])
+            self._next += 1
+            count += 1
+        return count
+
+    def wait_idle(self) -> int:
+        """The engine is idle but requests are still to come: wait for (or jump to) the next one and submit it."""
+        if self.done:
+            return 0
+        if self.started is None:
+            self.start()
+        upcoming = self.schedule.due[self._order[self._next]]
+        if self.schedule.kind == TIMED:
+            self.sleep(max(0.0, upcoming - (self.clock() - self.started)))
+            return self.release(0)
+        return self.release(int(upcoming))
+
+
+def drive(batcher: Batcher, driver: ArrivalDriver) -> Iterator[Event]:
+    """Step `batcher` until every scheduled request has been submitted and finished, submitting between steps."""
+    if driver.started is None:
+        driver.start()
+    while True:
+        driver.release(batcher.step_index)
+        if batcher.has_work:
+            yield from batcher.step()
+        elif not driver.done:
+            driver.wait_idle()
+        else:
+            return

@@ -1,0 +1,39 @@
+"""The benchmark's PNG: per mode, batch occupancy per step beside the latency of each request.
+
+The charts are the page's own (`utils.charts`), so the file shows what the app shows; vl-convert renders offline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import altair as alt
+import pandas as pd
+
+from utils.charts import latency_bars_frame, latency_chart, occupancy_chart, occupancy_frame
+from utils.metrics import RunRecord, requests_frame
+
+
+def latency_frame(run: RunRecord) -> pd.DataFrame:
+    """Per-request bars, labelled #1, #2... in workload order (request ids are q0, q1, ...)."""
+    frame = requests_frame(run)
+    frame["request"] = [f"#{int(request_id[1:]) + 1}" for request_id in frame["request_id"]]
+    return latency_bars_frame(frame[["request", "arrival_s", "first_token_s", "finished_s"]])
+
+
+def bench_chart(runs: Mapping[str, RunRecord], slots: int, title: str) -> alt.VConcatChart:
+    """One row per mode: occupancy per step, latency per request; latency rows share one time axis."""
+    longest = max((run.wall_s for run in runs.values()), default=0.0)
+    rows = []
+    for mode, run in runs.items():
+        occupancy = occupancy_chart(occupancy_frame(run), slots, title=f"{mode}: batch occupancy per step")
+        latency = latency_chart(latency_frame(run), title=f"{mode}: latency per request", x_max=longest)
+        pair = alt.hconcat(occupancy.properties(width=420), latency.properties(width=420))
+        rows.append(pair.resolve_scale(color="independent"))
+    return alt.vconcat(*rows).properties(title=title).resolve_scale(color="independent")
+
+
+def save_plot(runs: Mapping[str, RunRecord], slots: int, path: Path, workload: str) -> None:
+    """Render the charts to a PNG (altair's save, through vl-convert: no browser, no network)."""
+    bench_chart(runs, slots, f"Batchscope benchmark: {workload}").save(str(path), format="png")
