@@ -269,6 +269,9 @@ class Batcher:
         request.error = error
         request.metrics.finished = self.clock()
         request.metrics.output_tokens = len(request.output_ids)
+        if request.output_ids:
+            # The whole decode is the final word (the stream holds back a trailing incomplete character).
+            request.output_text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
         self._detokenizers.pop(request.request_id, None)
         self._samplers.pop(request.request_id, None)
         self._on_finished(request)

@@ -1,0 +1,51 @@
+"""Helpers for the engine tests: load a tiny model once, run a batcher to completion, reference outputs."""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+
+import torch
+
+from batching.events import Event, FinishedEvent, StepEvent
+from config.settings import ModelSettings
+from model.loader import LoadedModel, load_model
+
+
+@cache
+def loaded(folder: str) -> LoadedModel:
+    return load_model(ModelSettings(name_or_path=folder, device="cpu", dtype="float32"))
+
+
+def reference(model, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
+    """What `model.generate` gives for one prompt alone, greedy (memoised: several tests ask the same)."""
+    return list(_reference(model, tuple(prompt_ids), max_new_tokens, ignore_eos))
+
+
+@cache
+def _reference(model, prompt_ids: tuple[int, ...], max_new_tokens: int, ignore_eos: bool) -> tuple[int, ...]:
+    # generate() fills unset values from the model's own generation config, so EOS is switched off there.
+    eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None if ignore_eos else eos
+    try:
+        with torch.inference_mode():
+            output = model.generate(
+                torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, attention_mask=None
+            )
+    finally:
+        model.generation_config.eos_token_id = eos
+    return tuple(output[0, len(prompt_ids) :].tolist())
+
+
+def random_prompts(count: int, vocab: int, seed: int, longest: int = 40) -> list[list[int]]:
+    rng = random.Random(seed)
+    # Ids from 3 up: 0-2 are the tiny tokenizer's pad/bos/eos.
+    return [[rng.randrange(3, vocab) for _ in range(rng.randrange(1, longest))] for _ in range(count)]
+
+
+def finished_by_id(events: list[Event]) -> dict[str, FinishedEvent]:
+    return {event.request_id: event for event in events if isinstance(event, FinishedEvent)}
+
+
+def steps_of(events: list[Event]) -> list[StepEvent]:
+    return [event for event in events if isinstance(event, StepEvent)]
