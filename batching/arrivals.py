@@ -84,7 +84,10 @@ class Schedule:
 
 
 class ArrivalDriver:
-    """Submits each request (calls `submit(index)`) once its step or time has come.
+    """Submits each request (calls `submit(index, arrival)`) once its step or time has come.
+
+    `arrival` is the clock time the request arrived: its scheduled time (timed schedules: the driver can only
+    submit between steps, and the wait for the step in flight is part of the request's latency), else now.
 
     Call `release(steps_done)` between steps; when the engine has nothing to do, `wait_idle()` moves on to the next
     arrival: it sleeps until the next time, or (per-step) releases the next group at once, since an idle engine
@@ -94,7 +97,7 @@ class ArrivalDriver:
     def __init__(
         self,
         schedule: Schedule,
-        submit: Callable[[int], object],
+        submit: Callable[[int, float], object],
         clock: Clock = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -124,14 +127,7 @@ class ArrivalDriver:
         """Submit every request now due: its step is <= `steps_done`, or its time has passed. Returns how many."""
         if self.started is None:
             self.start()
-        due = self.schedule.due
-        reached = self.clock() - self.started if self.schedule.kind == TIMED else steps_done
-        count = 0
-        while self._next < len(self._order) and due[self._order[self._next]] <= reached:
-            self.submit(self._order[self._next])
-            self._next += 1
-            count += 1
-        return count
+        return self._release_through(self.clock() - self.started if self.schedule.kind == TIMED else steps_done)
 
     def wait_idle(self) -> int:
         """The engine is idle but requests are still to come: wait for (or jump to) the next one and submit it."""
@@ -142,8 +138,19 @@ class ArrivalDriver:
         upcoming = self.schedule.due[self._order[self._next]]
         if self.schedule.kind == TIMED:
             self.sleep(max(0.0, upcoming - (self.clock() - self.started)))
-            return self.release(0)
-        return self.release(int(upcoming))
+            return self._release_through(max(upcoming, self.clock() - self.started))
+        return self._release_through(upcoming)
+
+    def _release_through(self, reached: float) -> int:
+        due = self.schedule.due
+        timed = self.schedule.kind == TIMED
+        count = 0
+        while self._next < len(self._order) and due[self._order[self._next]] <= reached:
+            index = self._order[self._next]
+            self.submit(index, self.started + due[index] if timed else self.clock())
+            self._next += 1
+            count += 1
+        return count
 
 
 def drive(batcher: Batcher, driver: ArrivalDriver) -> Iterator[Event]:

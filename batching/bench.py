@@ -213,11 +213,16 @@ def run_batcher(mode: str, loaded: LoadedModel, plan: Plan, progress: tqdm | Non
     )
     requests = {}
 
-    def submit(index: int) -> None:
+    def submit(index: int, arrival: float) -> None:
         request_id = f"q{index}"
-        requests[request_id] = batcher.add(
-            list(plan.prompt_ids[index]), plan.caps[index], ignore_eos=plan.ignore_eos, request_id=request_id
+        request = batcher.builder.build(
+            list(plan.prompt_ids[index]),
+            plan.caps[index],
+            ignore_eos=plan.ignore_eos,
+            request_id=request_id,
+            arrival=arrival,
         )
+        requests[request_id] = batcher.submit(request)
 
     driver = ArrivalDriver(plan.schedule, submit)
     run = ModeRun(RunRecord(mode=mode, start=driver.start()))
@@ -514,8 +519,15 @@ def benchmark(args: argparse.Namespace) -> dict:
     """Parse, load, validate, run and summarise; raises BenchError (or a settings/model error) on bad input."""
     settings = load_settings()
     inputs = check_flags(args)  # bad input is reported before the model is loaded
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads or threads)
+    try:
+        return _benchmark(args, settings, inputs)
+    finally:
+        torch.set_num_threads(threads)  # leave the process as it was (tests call main in-process)
+
+
+def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> dict:
     loaded = load(args, settings)
     plan = make_plan(args, settings, loaded, inputs)
     peer = None
@@ -561,6 +573,7 @@ def benchmark(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    transformers.utils.logging.disable_progress_bar()  # the benchmark's own bar is the one to watch
     try:
         args = build_parser().parse_args(argv)
         result = benchmark(args)

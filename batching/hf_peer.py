@@ -117,8 +117,10 @@ class HFPeer:
         ids = [f"q{index}" for index in range(len(prompts))]
         prompt_of = dict(zip(ids, prompts, strict=True))
         cap_of = dict(zip(ids, caps, strict=True))
+        arrival_of: dict[str, float] = {}
 
-        def submit(index: int) -> None:
+        def submit(index: int, arrival: float) -> None:
+            arrival_of[ids[index]] = arrival
             self.manager.add_request(
                 list(prompts[index]),
                 request_id=ids[index],
@@ -143,7 +145,10 @@ class HFPeer:
                 continue
             if result.is_finished() and result.request_id in prompt_of:
                 results[result.request_id] = result
-                event = self._finished(result, cap_of[result.request_id], len(prompt_of[result.request_id]), eos)
+                request_id = result.request_id
+                event = self._finished(
+                    result, cap_of[request_id], len(prompt_of[request_id]), arrival_of[request_id], eos
+                )
                 record.add(event)
                 if on_finished is not None:
                     on_finished(event)
@@ -162,7 +167,9 @@ class HFPeer:
         """One short untimed request: the thread builds its cache and batch tensors on the first one."""
         self.run([prompt], [max_new_tokens], Schedule.at_once(1), ignore_eos=True, mode="warm-up")
 
-    def _finished(self, result: GenerationOutput, cap: int, prompt_tokens: int, eos: object) -> FinishedEvent:
+    def _finished(
+        self, result: GenerationOutput, cap: int, prompt_tokens: int, arrival: float, eos: object
+    ) -> FinishedEvent:
         output = list(result.generated_tokens)
         if result.error is not None:
             reason = FinishReason.ERROR
@@ -177,7 +184,7 @@ class HFPeer:
             output_ids=tuple(output),
             text=self.tokenizer.decode(output, skip_special_tokens=True),
             prompt_tokens=prompt_tokens,
-            arrival=result.created_time,
+            arrival=arrival,
             admitted=started if started > 0 else None,
             first_token=result.timestamps[0] if result.timestamps else None,
             finished=finished if finished > 0 else self.clock(),
