@@ -1,0 +1,195 @@
+"""Chart frames and builders, the comparison table and the CSV/JSON exports, on hand-made runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import altair as alt
+import pandas as pd
+import pytest
+
+from batching.events import FinishedEvent, StepEvent, TokenEvent
+from batching.request import FinishReason
+from utils import charts, export
+from utils.metrics import RunRecord, summarize
+
+
+def finished(request_id: str, tokens: int, first: float, end: float, slot: int) -> FinishedEvent:
+    return FinishedEvent(
+        request_id=request_id,
+        reason=FinishReason.EOS,
+        output_ids=tuple(range(tokens)),
+        text=f" answer of {request_id}\nQ: more",
+        prompt_tokens=4,
+        arrival=0.0,
+        admitted=0.0,
+        first_token=first,
+        finished=end,
+        slot=slot,
+    )
+
+
+@pytest.fixture
+def static_run() -> RunRecord:
+    """A static wave of two: `a` finishes after 1 step and holds its slot idle while `b` runs 2 more."""
+    run = RunRecord("static", start=0.0)
+    run.extend(
+        [
+            TokenEvent("a", 1, " x", 0, 0.1),
+            TokenEvent("b", 1, " y", 0, 0.1),
+            StepEvent(0, 0.0, 0.1, ("a", "b"), prefill_tokens=8, decode_tokens=0),
+            finished("a", 1, 0.1, 0.1, 0),
+            StepEvent(1, 0.1, 0.2, ("a", "b"), prefill_tokens=0, decode_tokens=1, idle_held=("a",)),
+            finished("b", 2, 0.1, 0.3, 1),
+            StepEvent(2, 0.2, 0.3, ("a", "b"), prefill_tokens=0, decode_tokens=1, idle_held=("a",)),
+        ]
+    )
+    run.end = 0.3
+    return run
+
+
+@pytest.fixture
+def shared_run() -> RunRecord:
+    """A continuous run on a shared engine: this session owns `s1/*`, another session's request sits in slot 3."""
+    run = RunRecord("continuous", start=10.0)
+    run.extend(
+        [
+            StepEvent(7, 10.0, 10.1, ("s1/1", None, "s2/1"), prefill_tokens=6, decode_tokens=0),
+            finished("s1/1", 1, 10.1, 10.1, 0),
+            StepEvent(8, 10.1, 10.2, ("s1/2", None, "s2/1"), prefill_tokens=3, decode_tokens=1),
+            finished("s1/2", 1, 10.2, 10.2, 0),
+        ]
+    )
+    run.end = 10.2
+    return run
+
+
+def owns(request_id: str) -> bool:
+    return request_id.startswith("s1/")
+
+
+def test_occupancy_counts_held_idle_slots_apart_from_working_ones(static_run: RunRecord) -> None:
+    frame = charts.occupancy_frame(static_run)
+    per_step = frame.pivot_table(index="step", columns="who", values="slots_used", fill_value=0)
+    assert per_step[charts.YOURS].tolist() == [2, 1, 1]
+    assert per_step[charts.HELD].tolist() == [0, 1, 1]
+    assert (frame.groupby("step")["slots_used"].sum() <= frame.groupby("step")["batch_size"].first()).all()
+    # the stacked bands touch: each group starts where the one below ended
+    assert frame.groupby("step")["high"].max().tolist() == [2, 2, 2]
+
+
+def test_occupancy_tells_your_requests_from_other_users(shared_run: RunRecord) -> None:
+    frame = charts.occupancy_frame(shared_run, owns)
+    assert frame["step"].tolist() == [1, 1, 2, 2]  # renumbered from 1 for this run
+    assert frame["engine_step"].tolist() == [7, 7, 8, 8]
+    assert frame.groupby("who")["slots_used"].sum().to_dict() == {charts.YOURS: 2, charts.OTHERS: 2}
+
+
+def test_occupancy_chart_caps_its_axis_at_the_batch_size(static_run: RunRecord) -> None:
+    spec = charts.occupancy_chart(charts.occupancy_frame(static_run), slots=2).to_dict()
+    bars, line = spec["layer"]
+    assert bars["encoding"]["y"]["scale"]["domain"] == [0, 2]
+    assert bars["encoding"]["color"]["scale"]["domain"] == [charts.YOURS, charts.HELD]  # only the groups present
+    assert line["mark"]["type"] == "rule"
+    assert spec["title"] == "Batch occupancy per step"
+
+
+def test_latency_bars_split_the_wait_for_the_first_token_from_streaming() -> None:
+    frame = pd.DataFrame(
+        {
+            "request": ["#1", "#2"],
+            "arrival_s": [0.0, 0.5],
+            "first_token_s": [0.2, math.nan],
+            "finished_s": [1.0, 0.9],
+        }
+    )
+    bars = charts.latency_bars_frame(frame)
+    first = bars[bars["request"] == "#1"].set_index("phase")
+    assert first.loc[charts.WAITING, ["start_s", "end_s"]].tolist() == [0.0, 0.2]
+    assert first.loc[charts.STREAMING, ["start_s", "end_s"]].tolist() == [0.2, 1.0]
+    assert first["ttft_s"].iloc[0] == pytest.approx(0.2) and first["latency_s"].iloc[0] == pytest.approx(1.0)
+    second = bars[bars["request"] == "#2"]
+    assert second["phase"].tolist() == [charts.WAITING]  # cancelled before its first token
+    spec = charts.latency_chart(bars, x_max=2.0).to_dict()
+    assert spec["encoding"]["y"]["sort"] == ["#1", "#2"]
+    assert spec["encoding"]["x"]["scale"]["domain"] == [0, 2.0]
+
+
+def test_timeline_labels_your_requests_and_marks_the_others(shared_run: RunRecord) -> None:
+    frame = charts.timeline_frame(shared_run, {"s1/1": "#1", "s1/2": "#2"}, owns)
+    assert frame[["slot", "label", "who"]].values.tolist() == [
+        [1, "#1", charts.YOURS],
+        [1, "#2", charts.YOURS],
+        [3, "other user", charts.OTHERS],
+    ]
+    spec = charts.timeline_chart(frame, slots=3).to_dict()
+    assert spec["layer"][0]["encoding"]["y"]["scale"]["domain"] == [1, 2, 3]
+
+
+def test_timeline_of_a_static_wave_shows_the_held_idle_stretch(static_run: RunRecord) -> None:
+    frame = charts.timeline_frame(static_run, {"a": "#1", "b": "#2"})
+    held = frame[frame["who"] == charts.HELD]
+    assert held[["label", "start_s", "end_s"]].values.tolist() == [["#1", 0.1, 0.3]]
+
+
+def test_every_chart_builds_a_valid_vega_lite_spec(static_run: RunRecord) -> None:
+    latency = charts.latency_bars_frame(
+        pd.DataFrame({"request": ["#1"], "arrival_s": [0.0], "first_token_s": [0.1], "finished_s": [0.3]})
+    )
+    built = [
+        charts.occupancy_chart(charts.occupancy_frame(static_run), 2, x_max=5),
+        charts.latency_chart(latency),
+        charts.timeline_chart(charts.timeline_frame(static_run, {}), 2, x_max=1.0),
+        charts.occupancy_chart(charts.occupancy_frame(RunRecord("continuous", 0.0)), 2),  # no steps yet
+    ]
+    for chart in built:
+        assert isinstance(chart, alt.TopLevelMixin)
+        chart.to_dict(validate=True)
+
+
+def test_every_chart_has_a_caption() -> None:
+    assert set(charts.CAPTIONS) == {"occupancy", "occupancy_static", "latency", "timeline"}
+    assert all(caption.strip() for caption in charts.CAPTIONS.values())
+
+
+# --- comparison and export -----------------------------------------------------------------------------------------
+def test_comparison_table_shows_each_runs_figures(static_run: RunRecord, shared_run: RunRecord) -> None:
+    summaries = {"continuous": summarize(shared_run), "static": summarize(static_run)}
+    table = export.comparison_frame(summaries)
+    assert table.loc["wall time (s)"].tolist() == ["0.20", "0.30"]
+    assert table.loc["output tokens"].tolist() == ["2", "3"]
+    assert table.loc["mean occupancy", "static"] == "67%"  # 2/2, then 1/2 twice
+    assert table.loc["engine steps"].tolist() == ["2", "3"]
+
+
+def test_speedup_is_static_wall_time_over_continuous(static_run: RunRecord, shared_run: RunRecord) -> None:
+    factor = export.speedup(summarize(shared_run), summarize(static_run))
+    assert factor == pytest.approx(1.5)
+    assert export.speedup_sentence(factor) == "continuous finished 1.5× faster"
+    assert export.speedup_sentence(0.5) == "static finished 2.0× faster"
+    assert "no comparison" in export.speedup_sentence(math.nan)
+
+
+def test_csv_exports_hold_every_request_and_step_of_both_runs(static_run: RunRecord, shared_run: RunRecord) -> None:
+    runs = {"continuous": shared_run, "static": static_run}
+    labels = {"s1/1": "#1", "s1/2": "#2", "a": "#1", "b": "#2"}
+    requests = export.requests_table(runs, labels, {"s1/1": "first?", "a": "first?"})
+    assert requests.groupby("run").size().to_dict() == {"continuous": 2, "static": 2}
+    assert requests.loc[0, ["request", "prompt", "answer"]].tolist() == ["#1", "first?", "answer of s1/1"]
+    steps = export.steps_table(runs, labels)
+    assert steps["slot_contents"].tolist() == ["#1 | - | other", "#2 | - | other", "#1 | #2", "#1 | #2", "#1 | #2"]
+    csv = export.to_csv(requests).decode("utf-8")
+    assert csv.splitlines()[0].startswith("run,request,prompt,request_id")
+    assert len(pd.read_csv(pd.io.common.StringIO(csv))) == 4
+
+
+def test_json_export_is_valid_json_with_summaries_and_no_nan(static_run: RunRecord, shared_run: RunRecord) -> None:
+    runs = {"continuous": shared_run, "static": static_run}
+    document = json.loads(export.to_json(runs, {}, {}, {"batch_size": 2}))
+    assert document["setup"] == {"batch_size": 2}
+    assert set(document["runs"]) == {"continuous", "static"}
+    assert document["runs"]["static"]["summary"]["output_tokens"] == 3
+    assert document["runs"]["continuous"]["summary"]["tpot_s"]["p50"] is None  # NaN -> null
+    assert len(document["runs"]["static"]["steps"]) == 3
+    assert document["speedup"] == pytest.approx(1.5)

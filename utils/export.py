@@ -1,0 +1,115 @@
+"""A run's figures as tables and files: the comparison table, and CSV/JSON downloads of requests and steps."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+
+import pandas as pd
+
+from utils.metrics import RunRecord, RunSummary, requests_frame, steps_frame, summarize
+from utils.prompting import extract_answer
+
+# (row label, RunSummary attribute, how to show it)
+_FIGURES = (
+    ("wall time (s)", "wall_s", "{:.2f}"),
+    ("output tokens / s", "tokens_per_s", "{:.1f}"),
+    ("mean occupancy", "mean_occupancy", "{:.0%}"),
+    ("time to first token p50 (s)", "ttft_p50", "{:.2f}"),
+    ("time to first token p99 (s)", "ttft_p99", "{:.2f}"),
+    ("latency p50 (s)", "e2e_p50", "{:.2f}"),
+    ("latency p99 (s)", "e2e_p99", "{:.2f}"),
+    ("output tokens", "output_tokens", "{:d}"),
+    ("engine steps", "steps", "{:d}"),
+)
+
+
+def comparison_frame(summaries: Mapping[str, RunSummary]) -> pd.DataFrame:
+    """One row per figure, one column per run (e.g. continuous, static), values formatted for reading."""
+    table = {
+        mode: [_show(getattr(summary, attribute), form) for _, attribute, form in _FIGURES]
+        for mode, summary in summaries.items()
+    }
+    return pd.DataFrame(table, index=pd.Index([label for label, _, _ in _FIGURES], name="figure"))
+
+
+def _show(value: float, form: str) -> str:
+    return "–" if isinstance(value, float) and math.isnan(value) else form.format(value)
+
+
+def speedup(continuous: RunSummary, static: RunSummary) -> float:
+    """How many times faster the continuous run finished the same queue (static wall time / continuous)."""
+    if continuous.wall_s <= 0 or math.isnan(continuous.wall_s) or math.isnan(static.wall_s):
+        return math.nan
+    return static.wall_s / continuous.wall_s
+
+
+def speedup_sentence(factor: float) -> str:
+    if math.isnan(factor):
+        return "no comparison: a run has no duration"
+    if factor >= 1:
+        return f"continuous finished {factor:.1f}× faster"
+    return f"static finished {1 / factor:.1f}× faster"
+
+
+def requests_table(
+    runs: Mapping[str, RunRecord], labels: Mapping[str, str], prompts: Mapping[str, str]
+) -> pd.DataFrame:
+    """Every finished request of every run: run, request label, prompt, answer, tokens, latencies."""
+    frames = []
+    for mode, run in runs.items():
+        frame = requests_frame(run)
+        frame.insert(0, "run", mode)
+        frame.insert(1, "request", [labels.get(rid, rid) for rid in frame["request_id"]])
+        frame.insert(2, "prompt", [prompts.get(rid, "") for rid in frame["request_id"]])
+        frame["answer"] = [extract_answer(text) for text in frame["text"]]
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def steps_table(runs: Mapping[str, RunRecord], labels: Mapping[str, str]) -> pd.DataFrame:
+    """Every step of every run, with who sat in each slot (`-` for an empty slot, `other` for others' requests)."""
+    frames = []
+    for mode, run in runs.items():
+        frame = steps_frame(run)
+        frame.insert(0, "run", mode)
+        frame["slot_contents"] = [
+            " | ".join("-" if rid is None else labels.get(rid, "other") for rid in step.slots) for step in run.steps
+        ]
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def to_csv(frame: pd.DataFrame) -> bytes:
+    return frame.to_csv(index=False).encode("utf-8")
+
+
+def to_json(
+    runs: Mapping[str, RunRecord], labels: Mapping[str, str], prompts: Mapping[str, str], setup: Mapping[str, object]
+) -> bytes:
+    """Setup, summary, requests and steps of each run in one document (NaN written as null)."""
+    requests = requests_table(runs, labels, prompts)
+    steps = steps_table(runs, labels)
+    document: dict[str, object] = {"setup": dict(setup), "runs": {}}
+    for mode, run in runs.items():
+        document["runs"][mode] = {
+            "summary": _clean(summarize(run).as_dict()),
+            "requests": _records(requests[requests["run"] == mode]),
+            "steps": _records(steps[steps["run"] == mode]),
+        }
+    if "continuous" in runs and "static" in runs:
+        document["speedup"] = _clean(speedup(summarize(runs["continuous"]), summarize(runs["static"])))
+    return json.dumps(document, indent=1, ensure_ascii=False).encode("utf-8")
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return json.loads(frame.drop(columns="run").to_json(orient="records", force_ascii=False))
+
+
+def _clean(value: object) -> object:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _clean(item) for key, item in value.items()}
+    return value

@@ -1,0 +1,364 @@
+"""The page's prompt queue and the live view of a run of it; plain Python, so it is tested without Streamlit.
+
+`PromptQueue` is the canonical list of prompts and caps (the data editor only shows it). `LiveRun` folds the
+engine's events into what each prompt's placeholder shows (status, answer so far) and into a `RunRecord`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from batching.arrivals import ArrivalDriver, Schedule, drive
+from batching.engine import Batcher
+from batching.events import Event, FinishedEvent, StepEvent, TokenEvent
+from batching.request import FinishReason, SamplingParams
+from utils.metrics import RunRecord
+from utils.prompting import extract_answer
+
+# Raises ValueError with a clear message when a prompt (with its cap) cannot run on the model.
+Check = Callable[[str, int], None]
+
+CURSOR = "▌"
+
+
+class QueueError(ValueError):
+    """Bad queue input; the message is one line saying what is wrong and what is allowed."""
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    item_id: int
+    prompt: str
+    max_new_tokens: int
+
+
+class PromptQueue:
+    """Prompts waiting to be generated, with their max-new-token caps. Every change is validated first."""
+
+    def __init__(self, max_items: int, max_cap: int) -> None:
+        self.max_items = max_items
+        self.max_cap = max_cap
+        self.items: list[QueueItem] = []
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def check_cap(self, cap: object) -> int:
+        if isinstance(cap, float) and cap.is_integer():
+            cap = int(cap)
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= self.max_cap:
+            raise QueueError(f"max new tokens must be a whole number from 1 to {self.max_cap}, not {cap!r}")
+        return cap
+
+    def _checked(self, prompt: object, cap: object, check: Check | None) -> tuple[str, int]:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise QueueError("the prompt is empty: type a question first")
+        cap = self.check_cap(cap)
+        if check is not None:
+            try:
+                check(prompt, cap)
+            except ValueError as exc:
+                raise QueueError(str(exc)) from None
+        return prompt.strip(), cap
+
+    def _room_for(self, count: int) -> None:
+        if len(self.items) + count > self.max_items:
+            raise QueueError(
+                f"the queue holds at most {self.max_items} prompts (BATCHSCOPE_LIMITS__MAX_QUEUE_PER_SESSION) and "
+                f"has {len(self.items)}: remove some before adding {count}"
+            )
+
+    def add(self, prompt: object, cap: object, check: Check | None = None) -> QueueItem:
+        prompt, cap = self._checked(prompt, cap, check)
+        self._room_for(1)
+        item = QueueItem(next(self._ids), prompt, cap)
+        self.items.append(item)
+        return item
+
+    def replace_all(self, pairs: Iterable[tuple[str, int]], check: Check | None = None) -> None:
+        """Swap the whole queue for `pairs` (an example workload); nothing changes if any pair is bad."""
+        pairs = list(pairs)
+        checked = []
+        for number, (prompt, cap) in enumerate(pairs, start=1):
+            try:
+                checked.append(self._checked(prompt, cap, check))
+            except QueueError as exc:
+                raise QueueError(f"prompt {number}: {exc}") from None
+        if len(checked) > self.max_items:
+            raise QueueError(
+                f"that example has {len(checked)} prompts, more than the {self.max_items} the queue holds "
+                "(BATCHSCOPE_LIMITS__MAX_QUEUE_PER_SESSION)"
+            )
+        self.items = [QueueItem(next(self._ids), prompt, cap) for prompt, cap in checked]
+
+    def clear(self) -> None:
+        self.items = []
+
+    def apply_edits(self, delta: Mapping, check: Check | None = None) -> list[str]:
+        """Apply a data editor's change set (edited caps, deleted rows); returns a message per refused edit.
+
+        Row numbers in the change set are positions in the table as it was shown, i.e. in `items` now.
+        """
+        problems = []
+        items = list(self.items)
+        for row, changes in (delta.get("edited_rows") or {}).items():
+            row = int(row)
+            if not 0 <= row < len(items) or "max_new_tokens" not in changes:
+                continue
+            item = items[row]
+            try:
+                _, cap = self._checked(item.prompt, changes["max_new_tokens"], check)
+            except QueueError as exc:
+                problems.append(f"row {row + 1}: {exc}")
+                continue
+            items[row] = QueueItem(item.item_id, item.prompt, cap)
+        deleted = {int(row) for row in delta.get("deleted_rows") or ()}
+        self.items = [item for row, item in enumerate(items) if row not in deleted]
+        return problems
+
+    def frame(self) -> pd.DataFrame:
+        """What the data editor shows: one row per prompt."""
+        return pd.DataFrame(
+            {"prompt": [i.prompt for i in self.items], "max_new_tokens": [i.max_new_tokens for i in self.items]},
+            columns=["prompt", "max_new_tokens"],
+        )
+
+
+def has_edits(delta: object) -> bool:
+    """Whether a data editor's change set holds anything to apply."""
+    return isinstance(delta, Mapping) and bool(delta.get("edited_rows") or delta.get("deleted_rows"))
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~$:=^&])")
+
+
+def escape_markdown(text: str) -> str:
+    """Show user text literally inside st.markdown: every markdown character escaped, newlines kept."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text).replace("\n", "  \n")
+
+
+# --- a run of the queue ------------------------------------------------------------------------------------
+@dataclass
+class RequestView:
+    """One prompt of a run, as its placeholder shows it."""
+
+    number: int
+    prompt: str
+    formatted: str
+    max_new_tokens: int
+    offset_s: float
+    request_id: str | None = None
+    arrival: float | None = None
+    text: str = ""
+    tokens: int = 0
+    slot: int | None = None
+    first_token: float | None = None
+    finished: FinishedEvent | None = None
+    refused: str | None = None
+
+    @property
+    def status(self) -> str:
+        if self.refused is not None:
+            return "refused"
+        if self.finished is not None:
+            return "done"
+        if self.request_id is None:
+            return "scheduled"
+        return "waiting" if self.slot is None else "running"
+
+    @property
+    def answer(self) -> str:
+        return extract_answer(self.text)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None or self.arrival is None else self.first_token - self.arrival
+
+    def shown_text(self) -> str:
+        """The answer so far, with a cursor while tokens are still coming."""
+        return self.answer + CURSOR if self.status == "running" else self.answer
+
+    def status_line(self) -> str:
+        status = self.status
+        if status == "refused":
+            return f"not run: {self.refused}"
+        if status == "scheduled":
+            return f"scheduled: joins {self.offset_s:.1f} s after the start"
+        if status == "waiting":
+            return "waiting for a free slot"
+        parts = [f"in slot {self.slot + 1}" if status == "running" else _REASONS[self.finished.reason]]
+        if status == "done" and self.finished.slot is not None:
+            parts[0] += f" (slot {self.finished.slot + 1})"
+        parts.append(f"{self.tokens} tokens")
+        if self.ttft_s is not None:
+            parts.append(f"TTFT {self.ttft_s:.2f} s")
+        if status == "done":
+            parts.append(f"latency {self.finished.e2e_s:.2f} s")
+            if self.finished.error:
+                parts.append(self.finished.error)
+        return " · ".join(parts)
+
+
+_REASONS = {
+    FinishReason.EOS: "done",
+    FinishReason.LENGTH: "done (hit its cap)",
+    FinishReason.STOP: "done (stop string)",
+    FinishReason.CANCELLED: "cancelled",
+    FinishReason.ERROR: "failed",
+}
+
+
+@dataclass
+class LiveRun:
+    """A run of the queue on the shared engine: who is where, the answers so far, and everything measured."""
+
+    start: float
+    owner_prefix: str
+    slots: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    views: list[RequestView] = field(default_factory=list)
+    stopped: bool = False
+    others_seen: bool = False
+
+    def __post_init__(self) -> None:
+        self.record = RunRecord("continuous", self.start)
+        self.record.slots = self.slots
+        self._by_id: dict[str, RequestView] = {}
+        self.comparison: RunRecord | None = None
+
+    def owns(self, request_id: str | None) -> bool:
+        return request_id is not None and request_id.startswith(self.owner_prefix)
+
+    def plan(self, prompt: str, formatted: str, max_new_tokens: int, offset_s: float) -> RequestView:
+        view = RequestView(len(self.views) + 1, prompt, formatted, max_new_tokens, offset_s)
+        self.views.append(view)
+        return view
+
+    def due(self, now: float) -> list[RequestView]:
+        """Planned prompts whose arrival time has come (in order)."""
+        elapsed = now - self.start
+        return [v for v in self.views if v.status == "scheduled" and v.offset_s <= elapsed]
+
+    def next_due_s(self) -> float | None:
+        scheduled = [v.offset_s for v in self.views if v.status == "scheduled"]
+        return min(scheduled) if scheduled else None
+
+    def submitted(self, view: RequestView, request_id: str, arrival: float) -> None:
+        """The engine took the prompt. `offset_s` stays as planned: a replay submits at the planned times."""
+        view.request_id = request_id
+        view.arrival = arrival
+        self._by_id[request_id] = view
+
+    def refuse(self, view: RequestView, message: str) -> None:
+        view.refused = message
+
+    def stop(self) -> None:
+        """The Stop button: planned prompts are dropped here; the caller cancels the engine's ones."""
+        self.stopped = True
+        for view in self.views:
+            if view.status == "scheduled":
+                view.refused = "stopped before it was sent"
+
+    def fold(self, events: Sequence[Event]) -> None:
+        for event in events:
+            self.record.add(event)
+            if isinstance(event, StepEvent):
+                for slot, request_id in enumerate(event.slots):
+                    view = self._by_id.get(request_id) if request_id is not None else None
+                    if view is not None and view.finished is None:
+                        view.slot = slot
+                    elif request_id is not None and not self.owns(request_id):
+                        self.others_seen = True
+                continue
+            view = self._by_id.get(event.request_id)
+            if view is None:
+                continue
+            if isinstance(event, TokenEvent):
+                view.text += event.text
+                view.tokens += 1
+                if view.first_token is None:
+                    view.first_token = event.time
+            elif isinstance(event, FinishedEvent):
+                view.finished = event
+                view.text = event.text
+                view.tokens = event.output_tokens
+                if view.slot is None:
+                    view.slot = event.slot
+        if self.done and math.isnan(self.record.end):
+            ends = [e.finished for e in self.record.finished]
+            self.record.end = max(ends) if ends else self.start
+
+    @property
+    def done(self) -> bool:
+        return all(view.status in ("done", "refused") for view in self.views)
+
+    @property
+    def completed(self) -> bool:
+        """Every prompt ran to its natural end (no Stop, no refusal, no cancellation): fit for a comparison."""
+        return (
+            self.done
+            and not self.stopped
+            and bool(self.views)
+            and all(
+                v.finished is not None and v.finished.reason not in (FinishReason.CANCELLED, FinishReason.ERROR)
+                for v in self.views
+            )
+        )
+
+    def replay(self, batcher: Batcher) -> Iterator[Event]:
+        """Run the same prompts, arriving at the same planned moments, on a private batcher (the static baseline).
+
+        Yields its events; at the end its record becomes `comparison`.
+        """
+        views = [view for view in self.views if view.request_id is not None]
+
+        def submit(index: int, arrival: float) -> None:
+            view = views[index]
+            request = batcher.builder.build(
+                view.formatted, view.max_new_tokens, self.sampling, request_id=view.request_id, arrival=arrival
+            )
+            batcher.submit(request)
+
+        driver = ArrivalDriver(Schedule.timed([view.offset_s for view in views]), submit)
+        record = RunRecord(batcher.mode, driver.start())
+        for event in drive(batcher, driver):
+            record.add(event)
+            yield event
+        record.end = max((event.finished for event in record.finished), default=record.start)
+        self.comparison = record
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(("scheduled", "waiting", "running", "done", "refused"), 0)
+        for view in self.views:
+            counts[view.status] += 1
+        return counts
+
+    def labels(self) -> dict[str, str]:
+        """Request id -> the label charts use for it (#number, as on the page)."""
+        return {view.request_id: f"#{view.number}" for view in self.views if view.request_id}
+
+    def latency_frame(self, now: float) -> pd.DataFrame:
+        """Per submitted prompt: arrival, first token and end (now for those still going), seconds from the start."""
+        rows = []
+        for view in self.views:
+            if view.arrival is None:
+                continue
+            end = view.finished.finished if view.finished else now
+            first = view.first_token if view.first_token is not None else (None if view.finished else now)
+            rows.append(
+                {
+                    "request": f"#{view.number}",
+                    "arrival_s": view.arrival - self.start,
+                    "first_token_s": None if first is None else first - self.start,
+                    "finished_s": end - self.start,
+                    "done": view.finished is not None,
+                }
+            )
+        return pd.DataFrame(rows, columns=["request", "arrival_s", "first_token_s", "finished_s", "done"])
