@@ -1,0 +1,378 @@
+"""The page, driven by Streamlit's AppTest: queue editing, bad input, a full run, its charts, comparison and errors.
+
+AppTest sees each placeholder's final value only; the streaming itself is checked in tests/test_browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+from streamlit.testing.v1 import AppTest
+
+from batching.request import FinishReason
+from utils import charts
+from utils.metrics import summarize
+from utils.prompting import extract_answer
+from utils.queue import CURSOR, LiveRun
+
+APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
+CAP = 8  # the default cap in these tests: short answers keep runs fast
+
+
+@pytest.fixture
+def tiny_env(monkeypatch: pytest.MonkeyPatch, tiny_model_dirs: dict[str, Path]) -> Path:
+    """Point the app at the tiny random llama, with a small default cap."""
+    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tiny_model_dirs["llama"]))
+    monkeypatch.setenv("BATCHSCOPE_GENERATION__MAX_NEW_TOKENS", str(CAP))
+    return tiny_model_dirs["llama"]
+
+
+def open_app() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=90)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def button(at: AppTest, label: str):
+    return next(b for b in at.button if b.label == label)
+
+
+def add(at: AppTest, prompt: str, cap: int | None = None) -> None:
+    at.text_input(key="new_prompt").set_value(prompt)
+    if cap is not None:
+        at.number_input(key="new_cap").set_value(cap)
+    button(at, "Add").click().run()
+    assert not at.exception, at.exception
+
+
+def queue_rows(at: AppTest) -> list[tuple[str, int]]:
+    return [(item.prompt, item.max_new_tokens) for item in at.session_state.queue.items]
+
+
+def errors(at: AppTest) -> list[str]:
+    return [element.value for element in at.error]
+
+
+def edit_table(at: AppTest, edited: dict | None = None, deleted: list[int] | None = None) -> None:
+    """What the data editor sends after a person edits cells or deletes rows (AppTest cannot edit it directly)."""
+    key = f"queue_editor_{at.session_state.editor_version}"
+    at.session_state[key] = {"edited_rows": edited or {}, "added_rows": [], "deleted_rows": deleted or []}
+    at.run()
+    assert not at.exception, at.exception
+
+
+def generate(at: AppTest) -> LiveRun:
+    button(at, "Generate").click().run()
+    assert not at.exception, at.exception
+    return at.session_state.run
+
+
+def charts_by_title(at: AppTest) -> dict[str, list[dict]]:
+    """Each chart on the page by its title, in page order (continuous column first), with its data as frames."""
+    found: dict[str, list[dict]] = {}
+    for element in at.get("vega_lite_chart"):
+        spec = json.loads(element.proto.spec)
+        frames = [convert_arrow_bytes_to_pandas_df(dataset.data.data) for dataset in element.proto.datasets]
+        found.setdefault(spec["title"], []).append({"spec": spec, "data": pd.concat(frames, ignore_index=True)})
+    return found
+
+
+# --- the page and its queue ---------------------------------------------------------------------------------------
+def test_page_shows_the_model_and_an_empty_queue(tiny_env: Path) -> None:
+    at = open_app()
+    model_line = next(c.value for c in at.caption if "parameters" in c.value)
+    assert "llama" in model_line and "cpu" in model_line and "float32" in model_line
+    assert re.search(r"\d+\.\d M parameters", model_line)
+    assert queue_rows(at) == []
+    assert at.number_input(key="new_cap").value == CAP
+    assert not at.error
+
+
+def test_adding_a_prompt_queues_it_and_clears_the_input(tiny_env: Path) -> None:
+    at = open_app()
+    add(at, "How do I track my order?")
+    add(at, "What's your return policy?", 5)
+    add(at, "Do you offer gift wrapping?")  # the cap box keeps the last cap
+    assert queue_rows(at) == [
+        ("How do I track my order?", CAP),
+        ("What's your return policy?", 5),
+        ("Do you offer gift wrapping?", 5),
+    ]
+    assert at.text_input(key="new_prompt").value == ""
+    assert not at.error
+
+
+def test_an_empty_prompt_gets_an_inline_message_and_changes_nothing(tiny_env: Path) -> None:
+    at = open_app()
+    add(at, "kept")
+    add(at, "   ")
+    assert any("prompt is empty" in message for message in errors(at))
+    assert queue_rows(at) == [("kept", CAP)]
+
+
+@pytest.mark.parametrize("cap", [0, 100_000])
+def test_a_cap_out_of_range_gets_an_inline_message_and_keeps_the_prompt(tiny_env: Path, cap: int) -> None:
+    at = open_app()
+    add(at, "How long does shipping take?", cap)
+    assert any("max new tokens must be a whole number from 1 to 511" in message for message in errors(at))
+    assert queue_rows(at) == []
+    assert at.text_input(key="new_prompt").value == "How long does shipping take?"  # nothing else changed
+
+
+def test_a_prompt_beyond_the_context_is_refused(tiny_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSCOPE_TOKENIZER__MAX_PROMPT_TOKENS", "64")
+    at = open_app()
+    add(at, "Where is my parcel? " * 30)
+    assert any("more than the 64 allowed: shorten it" in message for message in errors(at))
+    assert queue_rows(at) == []
+
+
+def test_too_many_prompts_are_refused(tiny_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSCOPE_LIMITS__MAX_QUEUE_PER_SESSION", "2")
+    at = open_app()
+    add(at, "one")
+    add(at, "two")
+    add(at, "three")
+    assert any("at most 2 prompts" in message for message in errors(at))
+    button(at, "Load example").click().run()  # 11 customer-support prompts
+    assert any("11 prompts, more than the 2" in message for message in errors(at))
+    assert queue_rows(at) == [("one", CAP), ("two", CAP)]
+
+
+def test_load_example_fills_the_queue_with_the_customer_support_queries_by_default(tiny_env: Path) -> None:
+    at = open_app()
+    assert at.selectbox(key="example").value == "customer-support"
+    button(at, "Load example").click().run()
+    rows = queue_rows(at)
+    assert len(rows) == 11 and rows[0] == ("How do I track my order?", CAP)
+
+
+def test_load_example_loads_another_reference_workload_with_its_caps(tiny_env: Path) -> None:
+    at = open_app()
+    at.selectbox(key="example").set_value("seed-ragged").run()
+    button(at, "Load example").click().run()
+    assert [cap for _, cap in queue_rows(at)] == [6, 50, 300, 30, 180, 45]
+    assert not at.error
+
+
+def test_a_workload_that_does_not_fit_the_model_is_refused_whole(tiny_env: Path) -> None:
+    at = open_app()
+    add(at, "kept")
+    at.selectbox(key="example").set_value("seed-blog").run()  # a 448-token cap: more than the tiny context allows
+    button(at, "Load example").click().run()
+    assert any(message.startswith("seed-blog: prompt") for message in errors(at))
+    assert queue_rows(at) == [("kept", CAP)]
+
+
+def test_editing_a_cap_in_the_table_changes_the_queue(tiny_env: Path) -> None:
+    at = open_app()
+    for prompt in ("a?", "b?", "c?"):
+        add(at, prompt)
+    edit_table(at, edited={1: {"max_new_tokens": 3}})
+    assert queue_rows(at) == [("a?", CAP), ("b?", 3), ("c?", CAP)]
+    edit_table(at, edited={0: {"max_new_tokens": 2}})  # the next edit applies on top, once
+    assert queue_rows(at) == [("a?", 2), ("b?", 3), ("c?", CAP)]
+
+
+def test_a_bad_cap_edit_gets_an_inline_message_and_changes_nothing(tiny_env: Path) -> None:
+    at = open_app()
+    add(at, "a?")
+    edit_table(at, edited={0: {"max_new_tokens": 0}})
+    assert any("row 1: max new tokens must be a whole number from 1 to 511" in m for m in errors(at))
+    assert queue_rows(at) == [("a?", CAP)]
+
+
+def test_deleting_rows_in_the_table_removes_them(tiny_env: Path) -> None:
+    at = open_app()
+    for prompt in ("a?", "b?", "c?"):
+        add(at, prompt)
+    edit_table(at, deleted=[0, 2])
+    assert queue_rows(at) == [("b?", CAP)]
+
+
+def test_clear_all_empties_the_queue(tiny_env: Path) -> None:
+    at = open_app()
+    button(at, "Load example").click().run()
+    button(at, "Clear all").click().run()
+    assert queue_rows(at) == []
+
+
+def test_generate_with_an_empty_queue_says_what_to_do(tiny_env: Path) -> None:
+    at = open_app()
+    assert generate(at) is None
+    assert any("the queue is empty" in message for message in errors(at))
+
+
+# --- a run --------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def finished_app(tiny_env: Path) -> AppTest:
+    """Five prompts with different caps (so static batching holds idle slots), run with 2 slots and compared."""
+    at = open_app()
+    for prompt, cap in (("How do I track my order?", 2), ("Gift wrap?", 9), ("Sales?", 3), ("Red?", 7), ("Hi", 4)):
+        add(at, prompt, cap)
+    at.slider(key="batch_size").set_value(2).run()
+    generate(at)
+    return at
+
+
+def test_generate_fills_every_placeholder_with_its_final_answer(finished_app: AppTest) -> None:
+    run = finished_app.session_state.run
+    assert run.done and run.completed and len(run.views) == 5
+    answers = [element.value for element in finished_app.text]
+    assert answers == [extract_answer(view.finished.text) for view in run.views]
+    assert all(CURSOR not in answer for answer in answers)
+    statuses = [c.value for c in finished_app.caption if "tokens" in c.value and "latency" in c.value]
+    assert len(statuses) == 5
+    assert all(re.match(r"done.*\(slot [12]\) · \d+ tokens · TTFT \d+\.\d\d s · latency", s) for s in statuses)
+    assert [view.finished.output_tokens for view in run.views] == [2, 9, 3, 7, 4]  # random weights: caps decide
+    assert any(m.value.startswith("**finished** · 5 of 5 done") for m in finished_app.markdown)
+
+
+def test_after_a_run_generate_is_enabled_again_and_stop_is_not(finished_app: AppTest) -> None:
+    assert not button(finished_app, "Generate").disabled
+    assert button(finished_app, "Stop").disabled
+
+
+def test_occupancy_never_exceeds_the_slots_and_static_shows_idle_slots(finished_app: AppTest) -> None:
+    occupancy = charts_by_title(finished_app)["Batch occupancy per step"]
+    assert len(occupancy) == 2  # continuous, then static
+    for chart in occupancy:
+        bars = chart["data"].dropna(subset=["who"])
+        assert bars.groupby("step")["slots_used"].sum().max() <= 2
+        assert chart["spec"]["layer"][0]["encoding"]["y"]["scale"]["domain"] == [0, 2]
+    continuous, static = (chart["data"].dropna(subset=["who"]) for chart in occupancy)
+    assert set(continuous["who"]) == {charts.YOURS}
+    assert (static["who"] == charts.HELD).any()
+    run = finished_app.session_state.run
+    assert continuous["step"].nunique() == len(run.record.steps)
+    assert static["step"].nunique() == len(run.comparison.steps)
+
+
+def test_latency_and_slot_timeline_charts_show_every_request(finished_app: AppTest) -> None:
+    found = charts_by_title(finished_app)
+    labels = {f"#{n}" for n in range(1, 6)}
+    for chart in found["Latency per request"]:
+        assert set(chart["data"]["request"]) == labels
+        assert (chart["data"]["end_s"] >= chart["data"]["start_s"]).all()
+    continuous, static = found["Slot timeline"]
+    assert set(continuous["data"]["label"].dropna()) == labels
+    assert set(continuous["data"]["slot"].dropna()) <= {1, 2}
+    assert (static["data"]["who"] == charts.HELD).any()
+
+
+def test_comparison_figures_agree_with_the_events(finished_app: AppTest) -> None:
+    run = finished_app.session_state.run
+    continuous, static = run.record, run.comparison
+    for record in (continuous, static):
+        assert len(record.tokens) == sum(event.output_tokens for event in record.finished)
+        assert record.end == max(event.finished for event in record.finished)
+    # greedy decoding: the same prompts give the same answers whichever way they were batched
+    by_id = {event.request_id: event.output_ids for event in static.finished}
+    assert all(by_id[event.request_id] == event.output_ids for event in continuous.finished)
+    table = finished_app.dataframe[-1].value  # the first is the queue's editor
+    assert table.loc["output tokens"].tolist() == [str(len(continuous.tokens)), str(len(static.tokens))]
+    assert table.loc["wall time (s)"].tolist() == [f"{continuous.wall_s:.2f}", f"{static.wall_s:.2f}"]
+    assert table.loc["engine steps"].tolist() == [str(len(continuous.steps)), str(len(static.steps))]
+    summary = summarize(static)
+    assert table.loc["mean occupancy", "static"] == f"{summary.mean_occupancy:.0%}"
+    assert summary.mean_occupancy < 1  # idle held slots count against static batching
+    factor = static.wall_s / continuous.wall_s
+    headline = next(s.value for s in finished_app.subheader if "same batch size" in s.value)
+    expected = f"continuous finished {factor:.1f}×" if factor >= 1 else f"static finished {1 / factor:.1f}×"
+    assert expected in headline
+
+
+def test_export_offers_requests_steps_and_everything(finished_app: AppTest) -> None:
+    labels = [element.proto.label for element in finished_app.get("download_button")]
+    assert labels == ["Requests (CSV)", "Steps (CSV)", "Everything (JSON)"]
+
+
+def test_switching_the_comparison_off_skips_the_static_run(tiny_env: Path) -> None:
+    at = open_app()
+    add(at, "Hi", 2)
+    at.checkbox(key="compare").uncheck().run()
+    run = generate(at)
+    assert run.completed and run.comparison is None
+    assert any("switched off" in element.value for element in at.info)
+    assert len(charts_by_title(at)["Batch occupancy per step"]) == 1
+
+
+def test_sampling_policy_and_staggered_arrivals_reach_the_engine(tiny_env: Path) -> None:
+    at = open_app()
+    for prompt in ("a?", "b?", "c?"):
+        add(at, prompt, 3)
+    at.radio(key="decoding").set_value("sample").run()
+    at.selectbox(key="policy").set_value("shortest-first").run()
+    at.radio(key="arrivals").set_value("staggered").run()
+    at.slider(key="interval").set_value(0.2).run()
+    run = generate(at)
+    assert run.sampling.do_sample
+    assert at.session_state.run_setup["policy"] == "shortest-first"
+    assert [view.offset_s for view in run.views] == pytest.approx([0.0, 0.2, 0.4])
+    arrived = sorted(event.arrival - run.start for event in run.record.finished)
+    assert arrived[1] >= 0.2 and arrived[2] >= 0.4
+    static_arrivals = sorted(event.arrival - run.comparison.start for event in run.comparison.finished)
+    assert static_arrivals == pytest.approx([0.0, 0.2, 0.4], abs=0.01)  # the static run replays the same arrivals
+
+
+def test_a_second_run_replaces_the_first(finished_app: AppTest) -> None:
+    first = finished_app.session_state.run
+    button(finished_app, "Clear all").click().run()
+    add(finished_app, "Again?", 2)
+    second = generate(finished_app)
+    assert second is not first and [view.prompt for view in second.views] == ["Again?"]
+    assert [element.value for element in finished_app.text] == [extract_answer(second.views[0].finished.text)]
+
+
+# --- settings and model errors ------------------------------------------------------------------------------------
+def test_a_bad_setting_shows_one_clear_message(tiny_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSCOPE_BATCHING__POLICY", "random")
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert len(at.error) == 1 and "BATCHSCOPE_BATCHING__POLICY=random" in at.error[0].value
+    assert not at.button  # the page stops there
+
+
+def test_a_missing_model_folder_says_which_setting_to_change(tiny_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", "/nonexistent/model")
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert len(at.error) == 1
+    assert "BATCHSCOPE_MODEL__NAME_OR_PATH=/nonexistent/model" in at.error[0].value
+    assert "Traceback" not in at.error[0].value
+
+
+def test_a_broken_model_folder_shows_a_message_not_a_traceback(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": "lots"}')
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert len(at.error) == 1 and "could not be loaded" in at.error[0].value
+    assert "BATCHSCOPE_MODEL__NAME_OR_PATH" in at.error[0].value
+
+
+# --- the embedded model -------------------------------------------------------------------------------------------
+def test_the_default_embedded_model_answers_the_customer_support_example(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_")]:
+        monkeypatch.delenv(name)
+    at = open_app()
+    assert "builtin" in next(c.value for c in at.caption if "parameters" in c.value)
+    button(at, "Load example").click().run()
+    run = generate(at)
+    assert run.completed and run.comparison is not None
+    answers = [element.value for element in at.text]
+    assert len(answers) == 11 and all(answers)
+    ended = [view.finished.reason for view in run.views]
+    assert ended.count(FinishReason.EOS) >= 8  # answers end on their own, at different lengths
+    assert summarize(run.comparison).mean_occupancy < summarize(run.record).mean_occupancy
