@@ -105,10 +105,12 @@ class Plan:
 
 @dataclass
 class ModeRun:
-    """One timed run of one mode: its events, and the longest sequence in each step (for step-time statistics)."""
+    """One timed run of one mode: its events, the longest sequence in each step (for step-time statistics), and
+    the CPU time the process used (well below the wall time when other work on the machine took the CPU)."""
 
     record: RunRecord
     kv_lens: list[int] = field(default_factory=list)
+    cpu_s: float = math.nan
 
 
 # --- inputs -------------------------------------------------------------------------------------------------------
@@ -263,6 +265,7 @@ def run_all(plan: Plan, loaded: LoadedModel, peer: HFPeer | None, repeat: int, s
         for round_index in range(repeat):
             for mode in plan.modes:
                 progress.set_description(f"{mode} {round_index + 1}/{repeat}")
+                cpu = time.process_time()
                 if mode == "hf":
                     record, kv_lens = peer.run(
                         plan.prompt_ids,
@@ -271,9 +274,11 @@ def run_all(plan: Plan, loaded: LoadedModel, peer: HFPeer | None, repeat: int, s
                         plan.ignore_eos,
                         on_finished=lambda _: progress.update(1),
                     )
-                    runs[mode].append(ModeRun(record, kv_lens))
+                    run = ModeRun(record, kv_lens)
                 else:
-                    runs[mode].append(run_batcher(mode, loaded, plan, progress))
+                    run = run_batcher(mode, loaded, plan, progress)
+                run.cpu_s = time.process_time() - cpu
+                runs[mode].append(run)
     return runs
 
 
@@ -294,19 +299,30 @@ def speedup_figures(
 
 
 def step_time_stats(run: ModeRun, buckets: int = 4) -> dict:
-    """Decode-only step durations against history: first vs last quarter, and by the longest sequence in the step.
+    """Where the time went: steps with prompt tokens vs decode-only steps, time outside any step, and decode-step
+    durations against history (first vs last quarter; by the longest sequence in the step).
 
     A flat decode step (its cost not growing with the sequence length) shows as `last_over_first` near 1 and
-    flat `by_kv_len` rows. `full_batch` repeats the quarters over steps with every slot busy, so a shrinking batch
+    flat `by_kv_len` rows. `full_batch` repeats the quarters over steps with the most rows, so a batch shrinking
     at the end of a run does not hide growth.
     """
-    steps = [
-        ((step.end - step.start) * 1000, kv_len, sum(1 for rid in step.slots if rid is not None))
+    timed = [
+        ((step.end - step.start) * 1000, kv_len, sum(1 for rid in step.slots if rid is not None), step.prefill_tokens)
         for step, kv_len in zip(run.record.steps, run.kv_lens, strict=True)
-        if step.prefill_tokens == 0 and step.decode_tokens > 0
     ]
+    prefill = [ms for ms, _, _, prompt_tokens in timed if prompt_tokens]
+    steps = [(ms, kv, rows) for ms, kv, rows, prompt_tokens in timed if not prompt_tokens]
+    in_steps = sum(ms for ms, *_ in timed) / 1000
+    figures = {
+        "in_steps_s": in_steps,
+        "outside_steps_s": run.record.wall_s - in_steps if timed else math.nan,
+        "prefill_steps": len(prefill),
+        "prefill_mean_ms": statistics.fmean(prefill) if prefill else math.nan,
+        "prefill_share": sum(prefill) / 1000 / in_steps if in_steps else math.nan,
+        "decode_steps": len(steps),
+    }
     if not steps:
-        return {"decode_steps": 0}
+        return figures
     most_rows = max(rows for *_, rows in steps)
     low = min(kv for _, kv, _ in steps)
     width = max(1, math.ceil((max(kv for _, kv, _ in steps) - low + 1) / buckets))
@@ -323,14 +339,11 @@ def step_time_stats(run: ModeRun, buckets: int = 4) -> dict:
                 }
             )
     return {
-        "decode_steps": len(steps),
+        **figures,
         "mean_ms": statistics.fmean(ms for ms, *_ in steps),
         "p50_ms": percentile([ms for ms, *_ in steps], 50),
         **_quarters([ms for ms, *_ in steps]),
-        "full_batch": {
-            "rows": most_rows,
-            **_quarters([ms for ms, _, rows in steps if rows == most_rows]),
-        },
+        "full_batch": {"rows": most_rows, **_quarters([ms for ms, _, rows in steps if rows == most_rows])},
         "by_kv_len": by_kv,
     }
 
@@ -368,6 +381,8 @@ def mode_report(run: ModeRun, plan: Plan, runs: Sequence[ModeRun]) -> dict:
         summary["steps"] = summary["mean_occupancy"] = None
     return {
         **summary,
+        "policy": {"static": "fcfs", "hf": "fifo"}.get(run.record.mode, plan.policy),
+        "cpu_s": run.cpu_s,
         "requests_finished": len(run.record.finished),
         "wall_s_runs": [other.record.wall_s for other in runs],
         "step_time": step_time_stats(run),
@@ -457,7 +472,7 @@ def format_report(result: dict) -> str:
         f"dtype {machine['dtype']}",
         "",
     ]
-    header = ["mode", "wall s", "out tok", "tok/s", "steps", "occup", "TTFT p50/p99 ms", "TPOT p50/p99 ms"]
+    header = ["mode", "wall s", "cpu s", "out tok", "tok/s", "steps", "occup", "TTFT p50/p99 ms", "TPOT p50/p99 ms"]
     header += ["e2e p50/p99 s", "speed-up", "ideal", "effic", "= static"]
     rows = []
     for mode, figures in result["modes"].items():
@@ -467,6 +482,7 @@ def format_report(result: dict) -> str:
             [
                 mode,
                 _fmt(figures["wall_s"]),
+                _fmt(figures["cpu_s"]),
                 _fmt(figures["output_tokens"]),
                 _fmt(figures["tokens_per_s"], digits=1),
                 _fmt(figures["steps"]),
@@ -480,20 +496,27 @@ def format_report(result: dict) -> str:
                 "-" if match is None else ("yes" if match else f"no ({figures['requests_differing_from_static']})"),
             ]
         )
-    lines += [_table(header, rows), "", "decode-step time against history (decode-only steps)"]
-    header = ["mode", "steps", "mean ms", "1st quarter", "last quarter", "last/1st", "full batch last/1st"]
-    header += ["by longest sequence (tokens: ms @ rows)"]
+    lines += [_table(header, rows), "", "step time: steps with prompt tokens, and decode-only steps against history"]
+    header = ["mode", "outside steps s", "prompt steps", "ms", "share", "decode steps", "mean ms", "1st quarter"]
+    header += ["last quarter", "last/1st", "full batch last/1st", "by longest sequence (tokens: ms @ rows)"]
     rows = []
     for mode, figures in result["modes"].items():
         stats = figures["step_time"]
+        prompt = [
+            _fmt(stats["outside_steps_s"]),
+            str(stats["prefill_steps"]),
+            _fmt(stats["prefill_mean_ms"]),
+            _fmt(stats["prefill_share"]),
+        ]
         if not stats["decode_steps"]:
-            rows.append([mode, "0", *["-"] * 6])
+            rows.append([mode, *prompt, "0", *["-"] * 6])
             continue
         full = stats["full_batch"]
         buckets = ", ".join(f"{b['kv_len']}: {b['mean_ms']:.2f} @ {b['mean_rows']:.1f}" for b in stats["by_kv_len"])
         rows.append(
             [
                 mode,
+                *prompt,
                 str(stats["decode_steps"]),
                 _fmt(stats["mean_ms"]),
                 _fmt(stats["first_quarter_ms"]),

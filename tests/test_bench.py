@@ -108,7 +108,7 @@ def test_ideal_speedup_and_efficiency_arithmetic() -> None:
     assert math.isnan(speedup_figures(10.0, 400, 5.0, None)[1])
 
 
-def test_decode_step_times_are_compared_first_quarter_to_last() -> None:
+def test_step_times_split_prompt_steps_from_decode_steps_compared_over_history() -> None:
     record = RunRecord(mode="continuous", start=0.0)
     kv_lens = []
     for index in range(8):
@@ -116,7 +116,12 @@ def test_decode_step_times_are_compared_first_quarter_to_last() -> None:
         slots = ("a", "b") if index < 6 else ("a", None)
         record.add(StepEvent(index, index, index + (index + 1) / 1000, slots, prefill, 2 - slots.count(None)))
         kv_lens.append(10 + index)
+    record.end = 8.0
     stats = step_time_stats(ModeRun(record, kv_lens))
+    assert stats["in_steps_s"] == pytest.approx(0.036)  # 1 + 2 + ... + 8 ms
+    assert stats["outside_steps_s"] == pytest.approx(8.0 - 0.036)
+    assert (stats["prefill_steps"], stats["prefill_mean_ms"]) == (1, pytest.approx(1.0))
+    assert stats["prefill_share"] == pytest.approx(1 / 36)
     assert stats["decode_steps"] == 7  # the prefill step is left out
     assert stats["first_quarter_ms"] == pytest.approx(2.0)  # one step of 7 // 4: the 2 ms step
     assert stats["last_quarter_ms"] == pytest.approx(8.0)
