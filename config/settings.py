@@ -56,6 +56,7 @@ class BatchingSettings(BaseModel):
     max_batch_size: int = Field(8, ge=1, le=256, description="slots: requests decoded together")
     max_batched_tokens: int = Field(512, ge=16, le=65536, description="prefill + decode tokens per step")
     policy: Policy = "fcfs"
+    max_seq_len: int = Field(2048, ge=16, le=131072, description="prompt + new tokens per request; sizes the KV cache")
 
 
 class LimitSettings(BaseModel):

@@ -78,3 +78,20 @@ def test_requests_added_from_another_thread_while_running_are_served_correctly(t
     finished = finished_by_id(events)
     for request_id, p, c in zip(first + late, prompts, caps, strict=True):
         assert list(finished[request_id].output_ids) == reference(model.model, p, c)
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+def test_the_embedded_model_gives_generate_output_for_the_customer_support_queue(mode: str) -> None:
+    from batching.workloads import load_workload
+    from model.loader import BUILTIN_MODEL_DIR
+    from utils.prompting import format_prompt
+
+    model = loaded(str(BUILTIN_MODEL_DIR))
+    questions = [r.prompt for r in load_workload("customer-support").requests]
+    prompts = [model.tokenizer(format_prompt(q))["input_ids"] for q in questions]
+    caps = [40, 1, 120, 8, 64, 33, 2, 90, 16, 50, 25]
+    cls = ContinuousBatcher if mode == "continuous" else StaticBatcher
+    batcher = cls(model.model, model.tokenizer, max_batch_size=4, max_batched_tokens=48)
+    outputs = _run_with_late_arrivals(batcher, prompts, caps, late_from=8, join_at_step=3)
+    for i, (prompt, cap) in enumerate(zip(prompts, caps, strict=True)):
+        assert outputs[i] == reference(model.model, prompt, cap), f"{questions[i]!r} differs"

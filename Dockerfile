@@ -1,0 +1,30 @@
+# Batchscope: the app on the embedded model, headless, as a non-root user.
+# TORCH_VARIANT=cpu (default) installs the CPU wheel; TORCH_VARIANT=cuda installs torch's CUDA build instead.
+FROM python:3.11-slim
+
+ARG TORCH_VARIANT=cpu
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    HF_HOME=/models/hf
+
+RUN useradd --create-home --uid 1000 batchscope
+WORKDIR /app
+
+COPY requirements.txt requirements-gptq.txt ./
+# Same install as the README; the CUDA variant takes torch from PyTorch's CUDA index first.
+RUN if [ "$TORCH_VARIANT" = "cuda" ]; then \
+        pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128; \
+    fi && \
+    pip install -r requirements.txt
+
+COPY --chown=batchscope:batchscope . .
+RUN mkdir -p /models/hf && chown -R batchscope:batchscope /models
+VOLUME ["/models"]
+
+USER batchscope
+EXPOSE 8501
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://localhost:8501/_stcore/health').read() != b'ok')"
+
+CMD ["streamlit", "run", "streamlit_app.py", "--server.headless=true", "--server.address=0.0.0.0", "--server.port=8501", "--browser.gatherUsageStats=false"]
