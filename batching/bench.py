@@ -100,6 +100,7 @@ class Plan:
     max_batched_tokens: int
     policy: str
     max_prompt_tokens: int
+    max_seq_len: int
     ignore_eos: bool
 
 
@@ -173,6 +174,7 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
         max_batched_tokens=max_batched_tokens,
         policy=policy,
         max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
+        max_seq_len=settings.batching.max_seq_len,
     )
     prompt_ids, caps = [], []
     for index, item in enumerate(workload.requests):
@@ -194,6 +196,7 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
         max_batched_tokens=max_batched_tokens,
         policy=policy,
         max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
+        max_seq_len=settings.batching.max_seq_len,
         ignore_eos=args.ignore_eos,
     )
 
@@ -212,6 +215,7 @@ def run_batcher(mode: str, loaded: LoadedModel, plan: Plan, progress: tqdm | Non
         max_batched_tokens=plan.max_batched_tokens,
         policy=plan.policy,
         max_prompt_tokens=plan.max_prompt_tokens,
+        max_seq_len=plan.max_seq_len,
     )
     requests = {}
 

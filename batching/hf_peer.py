@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
-from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus
+from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from batching.arrivals import AT_ONCE, ArrivalDriver, Schedule
 from batching.events import FinishedEvent, StepEvent
@@ -84,7 +84,7 @@ class HFPeer:
             batch = tuple(
                 (
                     future.state.request_id,
-                    future.state.status != RequestStatus.DECODING,
+                    future.state.generated_len() == 0,  # its status says DECODING already while prefilling
                     future.query_length,
                     len(future.state.initial_tokens) + future.state.generated_len(),
                 )
