@@ -244,7 +244,7 @@ def test_after_a_run_generate_is_enabled_again_and_stop_is_not(finished_app: App
 
 def test_occupancy_never_exceeds_the_slots_and_static_shows_idle_slots(finished_app: AppTest) -> None:
     occupancy = charts_by_title(finished_app)["Batch occupancy per step"]
-    assert len(occupancy) == 2  # continuous, then static
+    assert len(occupancy) == 2  # continuous, then static (both replayed after the live run)
     for chart in occupancy:
         bars = chart["data"].dropna(subset=["who"])
         assert bars.groupby("step")["slots_used"].sum().max() <= 2
@@ -252,9 +252,9 @@ def test_occupancy_never_exceeds_the_slots_and_static_shows_idle_slots(finished_
     continuous, static = (chart["data"].dropna(subset=["who"]) for chart in occupancy)
     assert set(continuous["who"]) == {charts.YOURS}
     assert (static["who"] == charts.HELD).any()
-    run = finished_app.session_state.run
-    assert continuous["step"].nunique() == len(run.record.steps)
-    assert static["step"].nunique() == len(run.comparison.steps)
+    replays = finished_app.session_state.run.replays
+    assert continuous["step"].nunique() == len(replays["continuous"].steps)
+    assert static["step"].nunique() == len(replays["static"].steps)
 
 
 def test_latency_and_slot_timeline_charts_show_every_request(finished_app: AppTest) -> None:
@@ -271,17 +271,19 @@ def test_latency_and_slot_timeline_charts_show_every_request(finished_app: AppTe
 
 def test_comparison_figures_agree_with_the_events(finished_app: AppTest) -> None:
     run = finished_app.session_state.run
-    continuous, static = run.record, run.comparison
-    for record in (continuous, static):
+    records = {"continuous": run.replays["continuous"], "static": run.replays["static"], "live": run.record}
+    for record in records.values():
         assert len(record.tokens) == sum(event.output_tokens for event in record.finished)
         assert record.end == max(event.finished for event in record.finished)
     # greedy decoding: the same prompts give the same answers whichever way they were batched
-    by_id = {event.request_id: event.output_ids for event in static.finished}
-    assert all(by_id[event.request_id] == event.output_ids for event in continuous.finished)
+    answers = {mode: sorted((e.request_id, e.output_ids) for e in r.finished) for mode, r in records.items()}
+    assert answers["continuous"] == answers["static"] == answers["live"]
     table = finished_app.dataframe[-1].value  # the first is the queue's editor
-    assert table.loc["output tokens"].tolist() == [str(len(continuous.tokens)), str(len(static.tokens))]
-    assert table.loc["wall time (s)"].tolist() == [f"{continuous.wall_s:.2f}", f"{static.wall_s:.2f}"]
-    assert table.loc["engine steps"].tolist() == [str(len(continuous.steps)), str(len(static.steps))]
+    assert table.columns.tolist() == ["continuous", "static", "live"]
+    assert table.loc["output tokens"].tolist() == [str(len(r.tokens)) for r in records.values()]
+    assert table.loc["wall time (s)"].tolist() == [f"{r.wall_s:.2f}" for r in records.values()]
+    assert table.loc["engine steps"].tolist() == [str(len(r.steps)) for r in records.values()]
+    continuous, static = records["continuous"], records["static"]
     summary = summarize(static)
     assert table.loc["mean occupancy", "static"] == f"{summary.mean_occupancy:.0%}"
     assert summary.mean_occupancy < 1  # idle held slots count against static batching
@@ -301,7 +303,7 @@ def test_switching_the_comparison_off_skips_the_static_run(tiny_env: Path) -> No
     add(at, "Hi", 2)
     at.checkbox(key="compare").uncheck().run()
     run = generate(at)
-    assert run.completed and run.comparison is None
+    assert run.completed and run.replays == {}
     assert any("switched off" in element.value for element in at.info)
     assert len(charts_by_title(at)["Batch occupancy per step"]) == 1
 
@@ -320,8 +322,8 @@ def test_sampling_policy_and_staggered_arrivals_reach_the_engine(tiny_env: Path)
     assert [view.offset_s for view in run.views] == pytest.approx([0.0, 0.2, 0.4])
     arrived = sorted(event.arrival - run.start for event in run.record.finished)
     assert arrived[1] >= 0.2 and arrived[2] >= 0.4
-    static_arrivals = sorted(event.arrival - run.comparison.start for event in run.comparison.finished)
-    assert static_arrivals == pytest.approx([0.0, 0.2, 0.4], abs=0.01)  # the static run replays the same arrivals
+    for replay in run.replays.values():  # the replays see the same arrivals
+        assert sorted(e.arrival - replay.start for e in replay.finished) == pytest.approx([0.0, 0.2, 0.4], abs=0.01)
 
 
 def test_a_second_run_replaces_the_first(finished_app: AppTest) -> None:
@@ -370,9 +372,11 @@ def test_the_default_embedded_model_answers_the_customer_support_example(monkeyp
     assert "builtin" in next(c.value for c in at.caption if "parameters" in c.value)
     button(at, "Load example").click().run()
     run = generate(at)
-    assert run.completed and run.comparison is not None
+    assert run.completed and set(run.replays) == {"continuous", "static"}
     answers = [element.value for element in at.text]
     assert len(answers) == 11 and all(answers)
     ended = [view.finished.reason for view in run.views]
     assert ended.count(FinishReason.EOS) >= 8  # answers end on their own, at different lengths
-    assert summarize(run.comparison).mean_occupancy < summarize(run.record).mean_occupancy
+    continuous, static = (summarize(run.replays[mode]) for mode in ("continuous", "static"))
+    assert static.mean_occupancy < continuous.mean_occupancy
+    assert continuous.steps < static.steps

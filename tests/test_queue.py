@@ -234,7 +234,7 @@ def test_replay_runs_the_same_prompts_on_a_private_batcher(tiny_model_dirs) -> N
         run.submitted(view, f"s1/{number}", 0.0)
     static = StaticBatcher(loaded.model, loaded.tokenizer, max_batch_size=2)
     events = list(run.replay(static))
-    record = run.comparison
+    record = run.replays["static"]
     assert record is not None and record.mode == "static"
     assert sorted(e.request_id for e in record.finished) == ["s1/1", "s1/2", "s1/3"]
     assert len(events) == len(record.steps) + len(record.finished) + len(record.tokens)

@@ -231,7 +231,7 @@ class LiveRun:
         self.record = RunRecord("continuous", self.start)
         self.record.slots = self.slots
         self._by_id: dict[str, RequestView] = {}
-        self.comparison: RunRecord | None = None
+        self.replays: dict[str, RunRecord] = {}  # mode -> the same queue replayed on a private batcher
 
     def owns(self, request_id: str | None) -> bool:
         return request_id is not None and request_id.startswith(self.owner_prefix)
@@ -313,9 +313,11 @@ class LiveRun:
         )
 
     def replay(self, batcher: Batcher) -> Iterator[Event]:
-        """Run the same prompts, arriving at the same planned moments, on a private batcher (the static baseline).
+        """Run the same prompts, arriving at the same planned moments, on a private batcher.
 
-        Yields its events; at the end its record becomes `comparison`.
+        The comparison replays the queue on a private continuous and a private static batcher one after the other,
+        so both are measured the same way (the live run shared its CPU with the page drawing it, and maybe with
+        other users). Yields the events; at the end the record is stored in `replays[batcher.mode]`.
         """
         views = [view for view in self.views if view.request_id is not None]
 
@@ -332,7 +334,7 @@ class LiveRun:
             record.add(event)
             yield event
         record.end = max((event.finished for event in record.finished), default=record.start)
-        self.comparison = record
+        self.replays[batcher.mode] = record
 
     def counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("scheduled", "waiting", "running", "done", "refused"), 0)
