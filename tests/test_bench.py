@@ -59,7 +59,7 @@ def test_the_json_has_every_field_for_every_mode(bench_result: dict) -> None:
             assert request["finish_reason"] == "length"
             assert len(request["output_ids"]) == cap
     continuous = result["modes"]["continuous"]
-    for key in ("speedup_vs_static", "ideal_speedup", "efficiency"):
+    for key in ("speedup_vs_static", "ideal_speedup", "efficiency", "speedup_cpu_vs_static", "efficiency_cpu"):
         assert continuous[key] > 0
 
 
@@ -191,10 +191,13 @@ def test_the_hf_peer_runs_and_matches_static(tiny_model_dirs: dict[str, Path], t
         (["--workload", "seed-lab", "--json", "/no/such/folder/out.json"], "does not exist"),
         (["--modes", "static"], "--workload"),
         (["--workload", "seed-lab", "--model", "/no/such/model"], "config.json"),
+        (["--workload", "seed-lab", "--model", "TINY", "--max-batched-tokens", "8"], "max_batched_tokens=8"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_code_2(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
-    assert _run(argv) == 2
+def test_bad_input_is_one_line_and_exit_code_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture, tiny_model_dirs: dict[str, Path]
+) -> None:
+    assert _run([str(tiny_model_dirs["llama"]) if arg == "TINY" else arg for arg in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert err.startswith("bench: error:")
