@@ -30,7 +30,6 @@ from utils.prompting import format_prompt
 from utils.queue import LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
 
 SMALL_MODEL = 50_000_000  # parameters; below this the CPU runs torch on one thread (see get_model)
-MAX_SEQ_LEN = 2048  # the engine's longest sequence; the model's own context may be shorter
 # While streaming, the page redraws answers and charts at most this often: the engine thread shares the GIL
 # with this script, so every redraw slows the engine down a little. Charts also wait 4x as long as they took.
 TEXT_REDRAW_S = 0.1
@@ -68,25 +67,26 @@ def get_model(model_json: str, tokenizer_json: str) -> LoadedModel:
 
 @st.cache_resource(show_spinner=False)
 def get_service(
-    model_json: str, tokenizer_json: str, batch_size: int, policy: str, batched_tokens: int, limits: tuple[int, int]
+    model_json: str, tokenizer_json: str, options: tuple[tuple[str, object], ...], limits: tuple[int, int]
 ) -> EngineService:
-    """One shared engine per (model, batch size, policy): tabs choosing the same shape share one batch."""
+    """One shared engine per (model, engine options): tabs choosing the same batch size and policy share a batch."""
     loaded = get_model(model_json, tokenizer_json)
-    max_prompt_tokens = TokenizerSettings.model_validate_json(tokenizer_json).max_prompt_tokens
-
-    def factory() -> ContinuousBatcher:
-        return ContinuousBatcher(
-            loaded.model,
-            loaded.tokenizer,
-            max_batch_size=batch_size,
-            max_batched_tokens=max(batched_tokens, batch_size + 1),
-            policy=policy,
-            max_seq_len=MAX_SEQ_LEN,
-            max_prompt_tokens=max_prompt_tokens,
-        )
-
     per_session, total = limits
-    return EngineService(factory, ServiceLimits(max_queue_per_session=per_session, max_queue_total=total))
+    return EngineService(
+        lambda: ContinuousBatcher(loaded.model, loaded.tokenizer, **dict(options)),
+        ServiceLimits(max_queue_per_session=per_session, max_queue_total=total),
+    )
+
+
+def engine_options(settings: Settings, batch_size: int, policy: str) -> dict[str, object]:
+    """The batcher arguments for the page's choices; the shared engine and the replays both use them."""
+    return {
+        "max_batch_size": batch_size,
+        "max_batched_tokens": max(settings.batching.max_batched_tokens, batch_size + 1),
+        "policy": policy,
+        "max_seq_len": settings.batching.max_seq_len,
+        "max_prompt_tokens": settings.tokenizer.max_prompt_tokens,
+    }
 
 
 # --- settings and model --------------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ except Exception as exc:  # a broken model folder can fail in many ways; the pag
     st.stop()
 
 builder = RequestBuilder(
-    loaded.tokenizer, min(loaded.context_length, MAX_SEQ_LEN), settings.tokenizer.max_prompt_tokens
+    loaded.tokenizer, min(loaded.context_length, settings.batching.max_seq_len), settings.tokenizer.max_prompt_tokens
 )
 max_cap = builder.context_length - 1
 st.caption(
@@ -173,12 +173,9 @@ with st.sidebar:
     rate = st.slider("Requests per second", 0.5, 20.0, 4.0, 0.5, key="rate") if kind == "Poisson" else 2.0
     compare = st.checkbox("Compare with static batching afterwards", value=True, key="compare")
 
+options = engine_options(settings, batch_size, policy)
 service = get_service(
-    *model_key,
-    batch_size,
-    policy,
-    settings.batching.max_batched_tokens,
-    (settings.limits.max_queue_per_session, settings.limits.max_queue_total),
+    *model_key, tuple(options.items()), (settings.limits.max_queue_per_session, settings.limits.max_queue_total)
 )
 if service.ensure_running():
     st.warning(f"The shared engine had stopped ({service.last_error}); it was restarted (restart {service.restarts}).")
@@ -270,8 +267,7 @@ def start_run() -> None:
     state.run, state.run_session, state.run_items = started, session, {item.item_id for item in queue.items}
     state.run_setup = {
         "model": loaded.name,
-        "batch_size": batch_size,
-        "policy": policy,
+        "engine": options,
         "sampling": asdict(sampling),
         "arrivals": schedule.description,
         "system_prompt": system_prompt,
@@ -461,15 +457,7 @@ else:
             continue
         done = len(run.views) * len(run.replays)
         bar = replay_slot.progress(done / total, text=f"Replaying the queue with {mode} batching…")
-        batcher = batcher_class(
-            loaded.model,
-            loaded.tokenizer,
-            max_batch_size=run.slots,
-            max_batched_tokens=max(settings.batching.max_batched_tokens, run.slots + 1),
-            policy=state.run_setup["policy"],
-            max_seq_len=MAX_SEQ_LEN,
-            max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
-        )
+        batcher = batcher_class(loaded.model, loaded.tokenizer, **state.run_setup["engine"])
         for event in run.replay(batcher):
             if isinstance(event, FinishedEvent):
                 done += 1

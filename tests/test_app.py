@@ -308,6 +308,28 @@ def test_switching_the_comparison_off_skips_the_static_run(tiny_env: Path) -> No
     assert len(charts_by_title(at)["Batch occupancy per step"]) == 1
 
 
+def test_other_users_requests_on_the_shared_engine_show_in_the_live_run(tiny_env: Path) -> None:
+    at = open_app()
+    add(at, "Hi", 2)
+    at.checkbox(key="compare").uncheck().run()  # the final charts are then the live run's
+    generate(at)
+    other = at.session_state.run_session.service.open_session()  # another browser tab, with long answers in the engine
+    try:
+        for _ in range(3):
+            other.submit("Once upon a time", 300, ignore_eos=True)
+        for prompt in ("a?", "b?", "c?"):
+            add(at, prompt, 4)
+        run = generate(at)
+    finally:
+        other.close()
+    assert run.others_seen and run.completed
+    assert [view.finished.output_tokens for view in run.views] == [2, 4, 4, 4]
+    occupancy = charts_by_title(at)["Batch occupancy per step"][0]["data"].dropna(subset=["who"])
+    assert set(occupancy["who"]) == {charts.YOURS, charts.OTHERS}
+    assert occupancy.groupby("step")["slots_used"].sum().max() <= 8
+    assert any("Other people's requests shared the engine" in c.value for c in at.caption)
+
+
 def test_sampling_policy_and_staggered_arrivals_reach_the_engine(tiny_env: Path) -> None:
     at = open_app()
     for prompt in ("a?", "b?", "c?"):
@@ -318,7 +340,7 @@ def test_sampling_policy_and_staggered_arrivals_reach_the_engine(tiny_env: Path)
     at.slider(key="interval").set_value(0.2).run()
     run = generate(at)
     assert run.sampling.do_sample
-    assert at.session_state.run_setup["policy"] == "shortest-first"
+    assert at.session_state.run_setup["engine"]["policy"] == "shortest-first"
     assert [view.offset_s for view in run.views] == pytest.approx([0.0, 0.2, 0.4])
     arrived = sorted(event.arrival - run.start for event in run.record.finished)
     assert arrived[1] >= 0.2 and arrived[2] >= 0.4

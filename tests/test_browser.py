@@ -93,6 +93,35 @@ def add_prompt(page, text: str) -> None:
     page.get_by_role("button", name="Add", exact=True).click()
 
 
+def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None:
+    """The data editor draws on a canvas: click a cell, type, Enter (slowly, or input is dropped)."""
+    page.get_by_role("button", name="Load example").click()
+    page.get_by_text("11 of 64 prompts").wait_for()
+    page.wait_for_selector(IDLE)
+    grid = page.get_by_test_id("stDataFrame").first  # the queue; the last one is the figures
+    grid.scroll_into_view_if_needed()
+    box = grid.bounding_box()
+
+    def row_y(row: int) -> float:
+        return box["y"] + 35 * (row + 1) + 17  # under a 35 px header, rows of 35 px
+
+    page.mouse.click(box["x"] + box["width"] - 40, row_y(1))  # the cap of the second prompt
+    page.wait_for_timeout(300)
+    page.keyboard.type("5")
+    page.wait_for_timeout(300)
+    page.keyboard.press("Enter")
+    page.wait_for_timeout(1000)
+    page.wait_for_selector(IDLE)
+    page.mouse.click(box["x"] + 15, row_y(0))  # select the first row, then delete it
+    page.wait_for_timeout(300)
+    page.keyboard.press("Delete")
+    page.get_by_text("10 of 64 prompts").wait_for()
+    page.wait_for_selector(IDLE)
+    # The table is redrawn from the canonical queue: the edited prompt is now first, with its new cap.
+    assert grid.get_by_test_id("glide-cell-2-0").text_content() == "What's your return policy?"
+    assert grid.get_by_test_id("glide-cell-3-0").text_content() == "5"
+
+
 def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, record_property) -> None:
     page.get_by_role("button", name="Load example").click()
     page.get_by_text("11 of 64 prompts").wait_for()

@@ -119,7 +119,11 @@ def occupancy_chart(
             tooltip=[alt.Tooltip("step:Q"), alt.Tooltip("who:N"), alt.Tooltip("slots_used:Q", title="slots")],
         )
     )
-    line = alt.Chart(pd.DataFrame({"batch_size": [slots]})).mark_rule(strokeDash=[6, 4]).encode(y="batch_size:Q")
+    line = (
+        alt.Chart(pd.DataFrame({"batch_size": [slots]}))
+        .mark_rule(strokeDash=[6, 4], color="gray", strokeWidth=1.5)
+        .encode(y="batch_size:Q")
+    )
     # The height includes title, axes and legend (Streamlit fits charts to their box).
     return alt.layer(bars, line).properties(title=title, height=320)
 
