@@ -96,12 +96,13 @@ PRODUCT_FEATURES = {
 
 @dataclass(frozen=True)
 class Example:
-    """One question and its answer; `keywords` are words an on-topic answer to it mentions."""
+    """One question and its answer; an on-topic answer names one of `keywords` and, if set, `slot_value`."""
 
     intent: str
     question: str
     answer: str
     keywords: tuple[str, ...]
+    slot_value: str | None = None
 
 
 Slots = dict[str, str]
@@ -880,10 +881,10 @@ def _example(intent: Intent, template: str, rng: random.Random, decorate: bool, 
     slots = _slots(rng) | (fixed or {})
     question = _cap(template.format(**slots))
     answer = _cap(intent.answer(slots))
-    keywords = intent.keywords + ((slots[intent.slot_keyword],) if intent.slot_keyword else ())
+    slot_value = slots[intent.slot_keyword] if intent.slot_keyword else None
     if decorate and intent.decorate:
         question = _decorate(question, rng)
-    return Example(intent.name, question, answer, keywords)
+    return Example(intent.name, question, answer, intent.keywords or (slot_value or "",), slot_value)
 
 
 def normalize(question: str) -> str:

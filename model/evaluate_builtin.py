@@ -39,9 +39,11 @@ class Answer:
 
     @property
     def on_topic(self) -> bool:
-        """The answer names at least one keyword of the question's intent."""
+        """The answer names a keyword of the question's intent, and the slot value it asked about if any."""
         lowered = self.text.lower()
-        return any(keyword.lower() in lowered for keyword in self.example.keywords)
+        slot = self.example.slot_value
+        named_slot = slot is None or slot.lower() in lowered
+        return named_slot and any(keyword.lower() in lowered for keyword in self.example.keywords)
 
 
 @torch.inference_mode()

@@ -1,0 +1,109 @@
+"""The embedded model shipped in model/builtin: loads offline and fast, answers and stops, and its data is sound."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from model.corpus import WORKLOAD_QUERIES, heldout_examples, normalize, training_examples
+from model.train_builtin import BUILTIN_DIR
+from utils.prompting import extract_answer, format_prompt
+
+UNICODE_SAMPLES = (
+    "emoji 🎉🚀 and a family 👩‍👩‍👧‍👦",
+    "accents: café, naïve, Ångström, São Paulo, façade",
+    "CJK: 東京都 北京 서울 こんにちは",
+    "mixed: Größe 42 – ¿Dónde está? 😀 中文 Ελληνικά русский\tTab\n\nnew lines  double  spaces ",
+    "",
+)
+
+
+@pytest.fixture(scope="module")
+def builtin() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The shipped model and tokenizer, loaded from the folder with the hub switched off."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    tokenizer = AutoTokenizer.from_pretrained(BUILTIN_DIR)
+    model = AutoModelForCausalLM.from_pretrained(BUILTIN_DIR, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+def test_builtin_model_loads_offline_within_two_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    started = time.perf_counter()
+    tokenizer = AutoTokenizer.from_pretrained(BUILTIN_DIR)
+    model = AutoModelForCausalLM.from_pretrained(BUILTIN_DIR)
+    assert time.perf_counter() - started < 2.0
+    assert model.config.eos_token_id == tokenizer.eos_token_id
+    assert model.config.max_position_embeddings >= 1024
+    assert (BUILTIN_DIR / "model.safetensors").stat().st_size <= 20_000_000
+
+
+@pytest.mark.parametrize("question", ["What's your return policy?", "Do you offer gift wrapping?"])
+def test_builtin_model_answers_and_stops_at_eos(
+    builtin: tuple[PreTrainedModel, PreTrainedTokenizerBase], question: str
+) -> None:
+    model, tokenizer = builtin
+    inputs = tokenizer(format_prompt(question), return_tensors="pt")
+    with torch.inference_mode():
+        output = model.generate(**inputs, do_sample=False, max_new_tokens=128)
+    new_tokens = output[0, inputs["input_ids"].shape[1] :].tolist()
+    assert new_tokens[-1] == tokenizer.eos_token_id
+    answer = extract_answer(tokenizer.decode(new_tokens, skip_special_tokens=True))
+    assert answer
+    assert "Q:" not in answer
+    assert answer[0].isupper()
+
+
+def test_tokenizer_has_distinct_special_tokens_and_adds_none(
+    builtin: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+) -> None:
+    _, tokenizer = builtin
+    ids = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}
+    assert len(ids) == 3
+    encoded = tokenizer("Hello")["input_ids"]
+    assert not ids & set(encoded)
+
+
+@pytest.mark.parametrize("text", UNICODE_SAMPLES)
+def test_tokenizer_round_trips_any_unicode_losslessly(
+    builtin: tuple[PreTrainedModel, PreTrainedTokenizerBase], text: str
+) -> None:
+    _, tokenizer = builtin
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.unk_token_id not in ids or tokenizer.unk_token_id is None
+
+
+def test_corpus_is_deterministic_for_a_seed() -> None:
+    assert training_examples(200, seed=7) == training_examples(200, seed=7)
+    assert training_examples(200, seed=7) != training_examples(200, seed=8)
+    assert heldout_examples() == heldout_examples()
+
+
+def test_heldout_phrasings_include_the_workload_and_never_appear_in_training() -> None:
+    heldout = heldout_examples()
+    assert set(WORKLOAD_QUERIES) <= {example.question for example in heldout}
+    training = {f" {normalize(example.question)} " for example in training_examples(5000)}
+    for example in heldout:
+        phrase = f" {normalize(example.question)} "
+        assert not any(phrase in question for question in training), example.question
+
+
+def test_answer_lengths_differ_on_purpose_between_intents() -> None:
+    lengths = {example.intent: len(example.answer.split()) for example in heldout_examples()}
+    assert lengths["smartphone_features"] >= 8 * lengths["return_policy"]
+
+
+def test_builtin_loads_through_the_app_loader_by_name() -> None:
+    from config.settings import ModelSettings
+    from model.loader import load_model
+
+    loaded = load_model(ModelSettings(name_or_path="builtin", device="cpu"))
+    assert loaded.dtype == torch.float32
+    assert loaded.context_length >= 1024
+    assert loaded.model.generation_config.eos_token_id == loaded.tokenizer.eos_token_id
+    assert loaded.tokenizer.pad_token_id != loaded.tokenizer.eos_token_id
