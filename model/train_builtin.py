@@ -70,7 +70,7 @@ def encode(tokenizer: PreTrainedTokenizerFast, examples: Sequence[Example]) -> l
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
-    """A ~4.4M-parameter Llama: RoPE, grouped-query attention (8 heads, 2 KV heads), RMSNorm, tied embeddings."""
+    """A ~4.1M-parameter Llama: RoPE, grouped-query attention (8 heads, 2 KV heads), RMSNorm, tied embeddings."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=256,
