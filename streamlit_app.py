@@ -199,10 +199,10 @@ run: LiveRun | None = state.run
 
 
 def engine_session() -> Session:
-    key = (id(service), batch_size, policy)
-    session = state.engine_sessions.get(key)
+    """This tab's handle on the engine it is using now (one per engine, reopened if it was reaped)."""
+    session = state.engine_sessions.get(id(service))
     if session is None or session.closed:
-        session = state.engine_sessions[key] = service.open_session()
+        session = state.engine_sessions[id(service)] = service.open_session()
     return session
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
@@ -23,6 +25,14 @@ from utils.queue import CURSOR, LiveRun
 
 APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
 CAP = 8  # the default cap in these tests: short answers keep runs fast
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _keep_torch_threads() -> Iterator[None]:
+    """The app runs a small model on one torch thread (process-wide); give other test modules theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -313,12 +323,12 @@ def test_other_users_requests_on_the_shared_engine_show_in_the_live_run(tiny_env
     add(at, "Hi", 2)
     at.checkbox(key="compare").uncheck().run()  # the final charts are then the live run's
     generate(at)
+    for prompt in ("a?", "b?", "c?"):
+        add(at, prompt, 4)
     other = at.session_state.run_session.service.open_session()  # another browser tab, with long answers in the engine
     try:
-        for _ in range(3):
-            other.submit("Once upon a time", 300, ignore_eos=True)
-        for prompt in ("a?", "b?", "c?"):
-            add(at, prompt, 4)
+        for _ in range(6):
+            other.submit("Once upon a time", 500, ignore_eos=True)
         run = generate(at)
     finally:
         other.close()
