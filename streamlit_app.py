@@ -365,7 +365,8 @@ column_notes = (left.empty(), right.empty())
 column_notes[0].caption(CONTINUOUS_LIVE)
 column_notes[1].caption(STATIC_LATER)
 chart_slots = {}
-for name in ("occupancy", "latency", "timeline"):
+for name in ("occupancy", "latency", "timeline"):  # one row per chart, so the two sides line up
+    left, right = st.columns(2, gap="large")
     chart_slots[name] = (left.empty(), right.empty())
     left.caption(charts.CAPTIONS[name])
     right.caption(charts.CAPTIONS["occupancy_static" if name == "occupancy" else name])
@@ -430,27 +431,22 @@ while True:
             if drawn.get(view.number) != shown:
                 drawn[view.number] = shown
                 draw_answer(view, slots)
+    comparing = run.done and compare and run.completed
     if now >= next_chart or run.done:
         draw_progress()
-        draw_charts(run.record, 0, run.latency_frame(now), run.owns)
+        if not comparing:  # the replays' charts come next: spare the browser a redraw while they are measured
+            draw_charts(run.record, 0, run.latency_frame(now), run.owns)
         next_chart = now + max(CHART_REDRAW_S, 4 * (time.perf_counter() - now))
     if run.done:
         break
     time.sleep(max(0.0, last_text + TEXT_REDRAW_S - time.perf_counter()))
-if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
-    st.rerun()
+
 
 # --- 4. the comparison: the same queue replayed on private batchers, both measured the same way -------------------
 # The live run shared its CPU with the page drawing it (and maybe with other users), so its timings are not a fair
-# match for a static run; the headline compares two replays that only differ in how they batch.
-labels = run.labels()
-prompts = {view.request_id: view.prompt for view in run.views if view.request_id}
-runs = {"live": run.record}
-if not compare:
-    chart_slots["occupancy"][1].info("The comparison is switched off (sidebar).")
-elif not run.completed:
-    chart_slots["occupancy"][1].info("No comparison: the run was stopped or some prompts did not finish.")
-else:
+# match for a static run; the headline compares two replays that only differ in how they batch. They run right after
+# the live run, before the page is redrawn, so the browser is quiet while they are timed.
+def replay_both() -> None:
     total = 2 * len(run.views)
     for mode, batcher_class in (("continuous", ContinuousBatcher), ("static", StaticBatcher)):
         if mode in run.replays:
@@ -463,6 +459,21 @@ else:
                 done += 1
                 bar.progress(done / total, text=f"Replaying the queue with {mode} batching: {done} of {total}")
     replay_slot.empty()
+
+
+if compare and run.completed:
+    replay_both()
+if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
+    st.rerun()
+
+labels = run.labels()
+prompts = {view.request_id: view.prompt for view in run.views if view.request_id}
+runs = {"live": run.record}
+if not compare:
+    chart_slots["occupancy"][1].info("The comparison is switched off (sidebar).")
+elif not run.completed:
+    chart_slots["occupancy"][1].info("No comparison: the run was stopped or some prompts did not finish.")
+else:
     runs = {"continuous": run.replays["continuous"], "static": run.replays["static"], "live": run.record}
     shared = {
         "seconds": max(runs[mode].wall_s for mode in ("continuous", "static")),

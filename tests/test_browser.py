@@ -90,12 +90,12 @@ def add_prompt(page, text: str) -> None:
     box = page.get_by_label("Prompt", exact=True)
     box.fill(text)
     box.press("Enter")  # a text input commits on Enter (or blur)
-    page.get_by_role("button", name="Add", exact=True).click()
+    page.get_by_test_id("stMain").get_by_role("button", name="Add", exact=True).click()
 
 
 def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None:
     """The data editor draws on a canvas: click a cell, type, Enter (slowly, or input is dropped)."""
-    page.get_by_role("button", name="Load example").click()
+    page.get_by_test_id("stMain").get_by_role("button", name="Load example").click()
     page.get_by_text("11 of 64 prompts").wait_for()
     page.wait_for_selector(IDLE)
     grid = page.get_by_test_id("stDataFrame").first  # the queue; the last one is the figures
@@ -123,7 +123,7 @@ def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None
 
 
 def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, record_property) -> None:
-    page.get_by_role("button", name="Load example").click()
+    page.get_by_test_id("stMain").get_by_role("button", name="Load example").click()
     page.get_by_text("11 of 64 prompts").wait_for()
     page.wait_for_selector(IDLE)
     add_prompt(page, "Do you ship to Canada?")
@@ -131,7 +131,7 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
     page.wait_for_selector(IDLE)
 
     clicked = time.perf_counter()
-    page.get_by_role("button", name="Generate").click()
+    page.get_by_test_id("stMain").get_by_role("button", name="Generate").click()
     page.get_by_test_id("stText").filter(has_text="▌").first.wait_for(timeout=20_000)
     first_token_s = time.perf_counter() - clicked
     record_property("first_token_s", round(first_token_s, 3))
@@ -147,7 +147,7 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
     assert page.get_by_test_id("stVegaLiteChart").count() == 6  # 3 charts x (continuous, static)
     texts = page.get_by_test_id("stText").all_inner_texts()
     assert len(texts) == 12 and sum(1 for text in texts if text.strip()) >= 11
-    assert page.get_by_role("button", name="Everything (JSON)").count() == 1
+    assert page.get_by_test_id("stMain").get_by_role("button", name="Everything (JSON)").count() == 1
 
     SCREENSHOT.parent.mkdir(exist_ok=True)
     page.set_viewport_size({"width": 1440, "height": 6400})
@@ -161,16 +161,16 @@ def test_a_prompt_added_mid_run_joins_it_and_stop_cancels_the_rest(page) -> None
     page.get_by_test_id("stSidebar").get_by_text("staggered", exact=True).click()
     page.get_by_text("Seconds between requests").wait_for()
     page.wait_for_selector(IDLE)
-    page.get_by_role("button", name="Generate").click()
+    page.get_by_test_id("stMain").get_by_role("button", name="Generate").click()
     page.get_by_test_id("stText").filter(has_text="▌").first.wait_for(timeout=20_000)
 
     add_prompt(page, "Can I pay with PayPal?")  # joins the batch that is already running
     page.get_by_text("#13 · Can I pay with PayPal?").wait_for()
     page.get_by_text("running ·").wait_for(timeout=5_000)
-    page.get_by_role("button", name="Stop").click()
+    page.get_by_test_id("stMain").get_by_role("button", name="Stop").click()
     page.get_by_text("stopped ·").wait_for(timeout=30_000)
     page.get_by_text("No comparison: the run was stopped").wait_for()  # drawn once the page has caught up
     page.wait_for_selector(IDLE)
     assert page.get_by_text("not run: stopped before it was sent").count() >= 1
     assert page.get_by_test_id("stText").filter(has_text="▌").count() == 0
-    assert page.get_by_role("button", name="Generate").is_enabled()
+    assert page.get_by_test_id("stMain").get_by_role("button", name="Generate").is_enabled()
