@@ -10,6 +10,7 @@ Bad input (workload, flags, model) is one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -554,6 +555,19 @@ def load(args: argparse.Namespace, settings: Settings) -> LoadedModel:
     return load_model(model_settings, settings.tokenizer)
 
 
+def start_peer(args: argparse.Namespace, settings: Settings, plan: Plan) -> HFPeer:
+    """transformers' continuous batching on its own model instance (it leaves state on the model it runs)."""
+    own = load(args, settings)
+    return HFPeer(
+        own.model,
+        own.tokenizer,
+        batch_size=plan.batch_size,
+        max_batched_tokens=plan.max_batched_tokens,
+        max_len=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),
+        eos_ids=eos_token_ids(own.model, own.tokenizer),
+    )
+
+
 def benchmark(args: argparse.Namespace) -> dict:
     """Parse, load, validate, run and summarise; raises BenchError (or a settings/model error) on bad input."""
     settings = load_settings()
@@ -569,23 +583,9 @@ def benchmark(args: argparse.Namespace) -> dict:
 def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> dict:
     loaded = load(args, settings)
     plan = make_plan(args, settings, loaded, inputs)
-    peer = None
-    if "hf" in plan.modes:
-        own = load(args, settings)  # the peer leaves state on its model: give it its own instance
-        peer = HFPeer(
-            own.model,
-            own.tokenizer,
-            batch_size=plan.batch_size,
-            max_batched_tokens=plan.max_batched_tokens,
-            max_len=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),
-            eos_ids=eos_token_ids(own.model, own.tokenizer),
-        )
-        peer.__enter__()
-    try:
+    with contextlib.ExitStack() as stack:
+        peer = stack.enter_context(start_peer(args, settings, plan)) if "hf" in plan.modes else None
         runs = run_all(plan, loaded, peer, args.repeat, show=not args.no_progress)
-    finally:
-        if peer is not None:
-            peer.__exit__(None, None, None)
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}
     modes = {mode: mode_report(run, plan, runs[mode]) for mode, run in medians.items()}
     compare(modes)
