@@ -23,11 +23,13 @@ def latency_frame(run: RunRecord) -> pd.DataFrame:
 
 
 def bench_chart(runs: Mapping[str, RunRecord], slots: int, title: str) -> alt.VConcatChart:
-    """One row per mode: occupancy per step, latency per request; latency rows share one time axis."""
+    """One row per mode: occupancy per step, latency per request; the rows share their step and time axes."""
     longest = max((run.wall_s for run in runs.values()), default=0.0)
+    most_steps = max((len(run.steps) for run in runs.values()), default=0)
     rows = []
     for mode, run in runs.items():
-        occupancy = occupancy_chart(occupancy_frame(run), slots, title=f"{mode}: batch occupancy per step")
+        heading = f"{mode}: batch occupancy per step"
+        occupancy = occupancy_chart(occupancy_frame(run), slots, title=heading, x_max=most_steps or None)
         latency = latency_chart(latency_frame(run), title=f"{mode}: latency per request", x_max=longest)
         pair = alt.hconcat(occupancy.properties(width=420), latency.properties(width=420))
         rows.append(pair.resolve_scale(color="independent"))

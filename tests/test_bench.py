@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from batching.bench import ModeRun, main, speedup_figures, step_time_stats
-from batching.events import StepEvent
+from batching.bench_plot import bench_chart
+from batching.events import FinishedEvent, StepEvent
+from batching.request import FinishReason
 from utils.metrics import RunRecord, percentile
 
 CAPS = [6, 2, 9, 3, 5, 4]
@@ -222,3 +224,15 @@ def test_a_prompt_too_long_for_the_model_is_reported_before_running(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "request 0" in err[0]
+
+
+def test_the_chart_has_one_row_per_mode_under_the_workload_title() -> None:
+    runs = {}
+    for mode in ("static", "continuous"):
+        run = RunRecord(mode=mode, start=0.0, end=0.2)
+        run.add(StepEvent(0, 0.0, 0.1, ("q0", None), 3, 0))
+        run.add(FinishedEvent("q0", FinishReason.LENGTH, (7,), "", 3, 0.0, 0.0, 0.05, 0.1, 0))
+        runs[mode] = run
+    spec = bench_chart(runs, slots=2, title="Batchscope benchmark: tiny").to_dict()
+    assert spec["title"] == "Batchscope benchmark: tiny"
+    assert len(spec["vconcat"]) == 2
