@@ -25,7 +25,7 @@ from batching.workloads import builtin_workload_names, load_workload
 from config.settings import ModelSettings, Settings, SettingsError, TokenizerSettings, load_settings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from utils import charts, export
-from utils.metrics import RunRecord, requests_frame, summarize
+from utils.metrics import RunRecord, summarize
 from utils.prompting import format_prompt
 from utils.queue import LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
 
@@ -387,28 +387,6 @@ def draw_charts(record: RunRecord, column: int, latency: pd.DataFrame, owns, x_m
     )
 
 
-def final_latency_frame(record: RunRecord) -> pd.DataFrame:
-    frame = requests_frame(record)
-    frame["request"] = frame["request_id"].map(run.labels())
-    return frame[["request", "arrival_s", "first_token_s", "finished_s"]]
-
-
-def draw_progress() -> None:
-    counts = run.counts()
-    elapsed = (run.record.end if run.done else time.perf_counter()) - run.start
-    parts = [
-        f"{counts['done']} of {len(run.views)} done",
-        f"{counts['running']} in a slot",
-        f"{counts['waiting']} waiting",
-    ]
-    if counts["scheduled"]:
-        parts.append(f"{counts['scheduled']} yet to arrive")
-    if counts["refused"]:
-        parts.append(f"{counts['refused']} not run")
-    verb = "stopped" if run.stopped and run.done else "finished" if run.done else "running"
-    progress_slot.markdown(f"**{verb}** · {' · '.join(parts)} · {elapsed:.1f} s")
-
-
 # Stream: submit prompts as they come due, fold the engine's events in, redraw what changed (throttled).
 # A click elsewhere stops this script run at its next redraw; the next run picks the same LiveRun up again.
 session = state.run_session
@@ -433,7 +411,7 @@ while True:
                 draw_answer(view, slots)
     comparing = run.done and compare and run.completed
     if now >= next_chart or run.done:
-        draw_progress()
+        progress_slot.markdown(run.progress_line(now))
         if not comparing:  # the replays' charts come next: spare the browser a redraw while they are measured
             draw_charts(run.record, 0, run.latency_frame(now), run.owns)
         next_chart = now + max(CHART_REDRAW_S, 4 * (time.perf_counter() - now))
@@ -480,8 +458,8 @@ else:
         "steps": max(len(runs[mode].steps) for mode in ("continuous", "static")),
     }
     column_notes[0].caption(CONTINUOUS_REPLAYED)
-    draw_charts(runs["continuous"], 0, final_latency_frame(runs["continuous"]), None, shared)
-    draw_charts(runs["static"], 1, final_latency_frame(runs["static"]), None, shared)
+    for column, mode in enumerate(("continuous", "static")):
+        draw_charts(runs[mode], column, charts.latency_frame(runs[mode], labels), None, shared)
 
 # --- 5. the figures ---------------------------------------------------------------------------------------------------
 summaries = {mode: summarize(record) for mode, record in runs.items()}

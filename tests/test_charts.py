@@ -116,6 +116,13 @@ def test_latency_bars_split_the_wait_for_the_first_token_from_streaming() -> Non
     assert spec["encoding"]["x"]["scale"]["domain"] == [0, 2.0]
 
 
+def test_latency_frame_of_a_finished_run_uses_the_readers_labels(shared_run: RunRecord) -> None:
+    frame = charts.latency_frame(shared_run, {"s1/1": "#1", "s1/2": "#2"})
+    assert frame.columns.tolist() == ["request", "arrival_s", "first_token_s", "finished_s"]
+    assert frame["request"].tolist() == ["#1", "#2"]
+    assert frame["finished_s"].tolist() == pytest.approx([0.1, 0.2])
+
+
 def test_timeline_labels_your_requests_and_marks_the_others(shared_run: RunRecord) -> None:
     frame = charts.timeline_frame(shared_run, {"s1/1": "#1", "s1/2": "#2"}, owns)
     assert frame[["slot", "label", "who"]].values.tolist() == [

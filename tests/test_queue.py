@@ -167,6 +167,7 @@ def test_events_stream_into_the_right_view_with_a_cursor_until_done() -> None:
     )
     first, second = run.views
     assert first.status == "running" and first.slot == 0
+    assert run.progress_line(now=100.5) == "**running** · 0 of 2 done · 1 in a slot · 1 waiting · 0.5 s"
     assert first.shown_text() == "Use" + CURSOR
     assert first.status_line().startswith("in slot 1 · 1 tokens · TTFT 0.20 s")
     assert second.status == "waiting"
@@ -182,6 +183,7 @@ def test_events_stream_into_the_right_view_with_a_cursor_until_done() -> None:
     assert run.record.end == pytest.approx(101.5)
     assert second.status_line().startswith("done (hit its cap) (slot 2)")
     assert run.counts()["done"] == 2
+    assert run.progress_line(now=999.0) == "**finished** · 2 of 2 done · 0 in a slot · 0 waiting · 1.5 s"
     assert run.labels() == {"s1/1": "#1", "s1/2": "#2"}
 
 
@@ -197,6 +199,7 @@ def test_stop_drops_prompts_not_yet_sent_and_a_stopped_run_is_not_compared() -> 
     run.submitted(run.views[0], "s1/1", 100.0)
     run.stop()
     assert run.views[1].status == "refused"
+    assert "1 not run" in run.progress_line(now=100.0)
     run.fold([finished("s1/1", "", 0, 0, reason=FinishReason.CANCELLED)])
     assert run.done and not run.completed
     assert run.views[0].status_line().startswith("cancelled")

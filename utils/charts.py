@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 import altair as alt
 import pandas as pd
 
-from utils.metrics import RunRecord, slot_timeline_frame
+from utils.metrics import RunRecord, requests_frame, slot_timeline_frame
 
 YOURS = "your requests"
 OTHERS = "other users' requests"
@@ -126,6 +126,13 @@ def occupancy_chart(
     )
     # The height includes title, axes and legend (Streamlit fits charts to their box).
     return alt.layer(bars, line).properties(title=title, height=320)
+
+
+def latency_frame(run: RunRecord, labels: Mapping[str, str]) -> pd.DataFrame:
+    """A finished run's per-request arrival, first token and end (seconds from its start), labelled for readers."""
+    frame = requests_frame(run)
+    frame["request"] = [labels.get(request_id, request_id) for request_id in frame["request_id"]]
+    return frame[["request", "arrival_s", "first_token_s", "finished_s"]]
 
 
 def latency_bars_frame(frame: pd.DataFrame) -> pd.DataFrame:

@@ -342,6 +342,19 @@ class LiveRun:
             counts[view.status] += 1
         return counts
 
+    def progress_line(self, now: float) -> str:
+        """One line over the answers: running/finished/stopped, how many are where, and the time so far."""
+        counts = self.counts()
+        parts = [f"{counts['done']} of {len(self.views)} done", f"{counts['running']} in a slot"]
+        parts.append(f"{counts['waiting']} waiting")
+        if counts["scheduled"]:
+            parts.append(f"{counts['scheduled']} yet to arrive")
+        if counts["refused"]:
+            parts.append(f"{counts['refused']} not run")
+        verb = "running" if not self.done else "stopped" if self.stopped else "finished"
+        elapsed = (self.record.end if self.done else now) - self.start
+        return f"**{verb}** · {' · '.join(parts)} · {elapsed:.1f} s"
+
     def labels(self) -> dict[str, str]:
         """Request id -> the label charts use for it (#number, as on the page)."""
         return {view.request_id: f"#{view.number}" for view in self.views if view.request_id}
