@@ -420,11 +420,12 @@ while True:
     time.sleep(max(0.0, last_text + TEXT_REDRAW_S - time.perf_counter()))
 
 
-# --- 4. the comparison: the same queue replayed on private batchers, both measured the same way -------------------
+# --- 3b. the comparison: the same queue replayed on private batchers, both measured the same way ------------------
 # The live run shared its CPU with the page drawing it (and maybe with other users), so its timings are not a fair
 # match for a static run; the headline compares two replays that only differ in how they batch. They run right after
 # the live run, before the page is redrawn, so the browser is quiet while they are timed.
 def replay_both() -> None:
+    """Replay the queue with continuous, then static batching (each once per run), with a progress bar."""
     total = 2 * len(run.views)
     for mode, batcher_class in (("continuous", ContinuousBatcher), ("static", StaticBatcher)):
         if mode in run.replays:
@@ -461,7 +462,7 @@ else:
     for column, mode in enumerate(("continuous", "static")):
         draw_charts(runs[mode], column, charts.latency_frame(runs[mode], labels), None, shared)
 
-# --- 5. the figures ---------------------------------------------------------------------------------------------------
+# --- 4. the numbers, 5. export ----------------------------------------------------------------------------------------
 summaries = {mode: summarize(record) for mode, record in runs.items()}
 st.header("4 · The numbers")
 if "static" in summaries:
