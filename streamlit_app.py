@@ -27,7 +27,7 @@ from model.loader import LoadedModel, ModelLoadError, load_model
 from utils import charts, export
 from utils.metrics import RunRecord, summarize
 from utils.prompting import format_prompt
-from utils.queue import LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
+from utils.queue import REPLAY_ORDER, LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
 
 SMALL_MODEL = 50_000_000  # parameters; below this the CPU runs torch on one thread (see get_model)
 # While streaming, the page redraws answers and charts at most this often: the engine thread shares the GIL
@@ -39,6 +39,7 @@ CONTINUOUS_LIVE = "Live: your run on the shared engine, drawn as it happens."
 CONTINUOUS_REPLAYED = "Your queue replayed on a private continuous batcher, measured the same way as static batching."
 STATIC_LATER = "The same queue on a private static batcher (fixed waves), measured after your run."
 ARRIVALS = ("all at once", "staggered", "Poisson")
+BATCHERS = {"continuous": ContinuousBatcher, "static": StaticBatcher}
 POLICY_NAMES = {
     "fcfs": "first come, first served",
     "shortest-first": "shortest cap first",
@@ -424,24 +425,23 @@ while True:
 # The live run shared its CPU with the page drawing it (and maybe with other users), so its timings are not a fair
 # match for a static run; the headline compares two replays that only differ in how they batch. They run right after
 # the live run, before the page is redrawn, so the browser is quiet while they are timed.
-def replay_both() -> None:
-    """Replay the queue with continuous, then static batching (each once per run), with a progress bar."""
-    total = 2 * len(run.views)
-    for mode, batcher_class in (("continuous", ContinuousBatcher), ("static", StaticBatcher)):
-        if mode in run.replays:
-            continue
-        done = len(run.views) * len(run.replays)
-        bar = replay_slot.progress(done / total, text=f"Replaying the queue with {mode} batching…")
-        batcher = batcher_class(loaded.model, loaded.tokenizer, **state.run_setup["engine"])
+def replay_all() -> None:
+    """Replay the queue in REPLAY_ORDER (resuming where an interrupted script run left off), with a progress bar."""
+    total = len(REPLAY_ORDER) * len(run.views)
+    while (mode := run.next_replay) is not None:
+        done = run.replayed * len(run.views)
+        text = f"Measuring: replay {run.replayed + 1} of {len(REPLAY_ORDER)}, {mode} batching"
+        bar = replay_slot.progress(done / total, text=text)
+        batcher = BATCHERS[mode](loaded.model, loaded.tokenizer, **state.run_setup["engine"])
         for event in run.replay(batcher):
             if isinstance(event, FinishedEvent):
                 done += 1
-                bar.progress(done / total, text=f"Replaying the queue with {mode} batching: {done} of {total}")
+                bar.progress(done / total, text=text)
     replay_slot.empty()
 
 
 if compare and run.completed:
-    replay_both()
+    replay_all()
 if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
     st.rerun()
 
@@ -473,8 +473,8 @@ notes = ["Latency counts from when a request arrived; occupancy is working slots
 if "static" in summaries:
     notes.append(
         "Continuous and static were measured the same way after your run: the same prompts, caps, sampling, arrival "
-        "times and slots, each on a private batcher. The live column is the run you watched, which shared the "
-        "machine with the page drawing it."
+        "times and slots on private batchers, each twice (continuous, static, static, continuous), keeping the "
+        "faster. The live column is the run you watched, which shared the machine with the page drawing it."
     )
 if run.others_seen:
     notes.append(

@@ -25,6 +25,9 @@ from utils.prompting import extract_answer
 Check = Callable[[str, int], None]
 
 CURSOR = "▌"
+# The comparison replays the queue in this order; drift and warm-up then hit both modes alike, and the faster
+# replay of each mode is the one shown (the usual way to time on a busy machine).
+REPLAY_ORDER = ("continuous", "static", "static", "continuous")
 
 
 class QueueError(ValueError):
@@ -231,7 +234,8 @@ class LiveRun:
         self.record = RunRecord("continuous", self.start)
         self.record.slots = self.slots
         self._by_id: dict[str, RequestView] = {}
-        self.replays: dict[str, RunRecord] = {}  # mode -> the same queue replayed on a private batcher
+        self.replays: dict[str, RunRecord] = {}  # mode -> the faster replay of the queue on a private batcher
+        self.replayed = 0  # how many of REPLAY_ORDER have run
 
     def owns(self, request_id: str | None) -> bool:
         return request_id is not None and request_id.startswith(self.owner_prefix)
@@ -315,9 +319,9 @@ class LiveRun:
     def replay(self, batcher: Batcher) -> Iterator[Event]:
         """Run the same prompts, arriving at the same planned moments, on a private batcher.
 
-        The comparison replays the queue on a private continuous and a private static batcher one after the other,
-        so both are measured the same way (the live run shared its CPU with the page drawing it, and maybe with
-        other users). Yields the events; at the end the record is stored in `replays[batcher.mode]`.
+        The comparison replays the queue on private continuous and static batchers in `REPLAY_ORDER`, so both are
+        measured the same way (the live run shared its CPU with the page drawing it, and maybe with other users).
+        Yields the events; at the end the record goes to `replays[batcher.mode]` if it is that mode's fastest.
         """
         views = [view for view in self.views if view.request_id is not None]
 
@@ -334,7 +338,15 @@ class LiveRun:
             record.add(event)
             yield event
         record.end = max((event.finished for event in record.finished), default=record.start)
-        self.replays[batcher.mode] = record
+        best = self.replays.get(batcher.mode)
+        if best is None or record.wall_s < best.wall_s:
+            self.replays[batcher.mode] = record
+        self.replayed += 1
+
+    @property
+    def next_replay(self) -> str | None:
+        """The mode to replay next for the comparison, or None when it is complete."""
+        return REPLAY_ORDER[self.replayed] if self.replayed < len(REPLAY_ORDER) else None
 
     def counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("scheduled", "waiting", "running", "done", "refused"), 0)
