@@ -15,16 +15,14 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 @dataclass
 class StepPlan:
-    """Where this step's new keys and values go, set by the runner before each forward pass."""
+    """Where this step's new keys and values go (one row and column per new token), set by the runner."""
 
-    rows: int
-    row_index: torch.Tensor  # [rows, 1]
-    write_columns: torch.Tensor  # [rows, query_len]; padding queries write to the scratch column
-    kv_len: int
+    row_index: torch.Tensor  # [tokens]
+    write_columns: torch.Tensor  # [tokens]
 
 
 class SlotLayer(CacheLayerMixin):
-    """One attention layer's keys and values for every slot: `[slots, kv_heads, max_len + 1, head_dim]`."""
+    """One attention layer's keys and values for every slot: `[slots, kv_heads, max_len, head_dim]`."""
 
     def __init__(self, owner: SlotKVCache) -> None:
         super().__init__()
@@ -32,7 +30,7 @@ class SlotLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         # Allocated on the first forward pass, on the device and dtype of this layer (accelerate may spread layers).
-        shape = (self.owner.capacity, key_states.shape[1], self.owner.max_len + 1, key_states.shape[3])
+        shape = (self.owner.capacity, key_states.shape[1], self.owner.max_len, key_states.shape[3])
         self.keys = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
         self.values = torch.zeros(
             (*shape[:3], value_states.shape[3]), dtype=value_states.dtype, device=value_states.device
@@ -47,10 +45,11 @@ class SlotLayer(CacheLayerMixin):
         plan = self.owner.plan
         rows = plan.row_index.to(self.keys.device)
         columns = plan.write_columns.to(self.keys.device)
-        # Indexing [rows, :, columns] addresses [rows, query_len, heads, dim]: one write per new token.
-        self.keys[rows, :, columns] = key_states.transpose(1, 2).to(self.keys.dtype)
-        self.values[rows, :, columns] = value_states.transpose(1, 2).to(self.values.dtype)
-        return self.keys[: plan.rows, :, : plan.kv_len], self.values[: plan.rows, :, : plan.kv_len]
+        # New states arrive packed, [1, kv_heads, tokens, dim]; [rows, :, columns] addresses [tokens, kv_heads, dim].
+        self.keys[rows, :, columns] = key_states[0].transpose(0, 1).to(self.keys.dtype)
+        self.values[rows, :, columns] = value_states[0].transpose(0, 1).to(self.values.dtype)
+        # Attention picks each row's own view of these (see packed_attention): nothing is copied here.
+        return self.keys, self.values
 
     def move_row(self, source: int, target: int, length: int) -> None:
         if self.is_initialized:
@@ -58,7 +57,7 @@ class SlotLayer(CacheLayerMixin):
             self.values[target, :, :length] = self.values[source, :, :length]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.plan.kv_len, 0
+        return self.owner.max_len, 0
 
     def get_seq_length(self) -> int:
         return max(self.owner.lengths[: self.owner.active_rows], default=0)
@@ -73,20 +72,14 @@ class SlotKVCache(Cache):
     def __init__(self, num_layers: int, capacity: int, max_len: int, device: torch.device) -> None:
         self.capacity = capacity
         self.max_len = max_len
-        self.scratch_column = max_len  # where padding queries write; never attended
         self.device = device
         self.lengths: list[int] = [0] * capacity
         self.padding: list[int] = [0] * capacity
-        self.blocked = torch.zeros((capacity, max_len + 1), dtype=torch.bool, device=device)
+        self.blocked = torch.zeros((capacity, max_len), dtype=torch.bool, device=device)
         self.active_rows = 0
         self._row_of: dict[str, int] = {}
         self._owner_of: list[str | None] = [None] * capacity
-        self.plan = StepPlan(
-            rows=0,
-            row_index=torch.zeros((0, 1), dtype=torch.long),
-            write_columns=torch.zeros((0, 1), dtype=torch.long),
-            kv_len=1,
-        )
+        self.plan = StepPlan(row_index=torch.zeros(0, dtype=torch.long), write_columns=torch.zeros(0, dtype=torch.long))
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
     @torch.inference_mode()

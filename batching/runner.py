@@ -6,14 +6,16 @@ import torch
 from transformers import PreTrainedModel
 
 from batching.kv_cache import SlotKVCache, StepPlan
+from batching.packed_attention import PLAN_KWARG, ChunkPlan, PackedPlan, use_packed_attention
 
 
 class ModelRunner:
     """Owns the model's forward pass and the KV cache; knows nothing of requests or scheduling.
 
-    Every forward takes all rows in use. A row's new tokens may be a prompt chunk, one decode token, or nothing
-    (it waits this step). Rows are right-aligned in the query window so each row's last new token is the last
-    query position: the LM head then runs on one position per row. Alignment padding writes to a scratch column.
+    Every forward covers all rows in use. A row's new tokens may be a prompt chunk, one decode token, or nothing
+    (it waits this step). All new tokens are packed into one sequence, so prompt chunks and decode tokens share
+    one pass through the model with no padding; attention is split per row (see `packed_attention`), and the LM
+    head runs only on each row's last new token.
     """
 
     def __init__(self, model: PreTrainedModel, capacity: int, max_len: int, pad_token_id: int) -> None:
@@ -24,7 +26,10 @@ class ModelRunner:
         num_layers = model.config.get_text_config().num_hidden_layers
         self.cache = SlotKVCache(num_layers, capacity, max_len, self.device)
         self._mask_min = torch.finfo(model.dtype).min
-        self._columns = torch.arange(max_len + 1, device=self.device)
+        self._columns = torch.arange(max_len, device=self.device)
+        # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
+        self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
+        use_packed_attention(model)
         self.forward_calls = 0
 
     @torch.inference_mode()
@@ -32,60 +37,98 @@ class ModelRunner:
         """Run one step; returns float32 logits `[rows, vocab]` at each row's last new token.
 
         `new_padding[r]` > 0 says the first tokens of row r are left padding (the static baseline's waves).
+        Rows with no new tokens get a meaningless logits row.
         """
         cache = self.cache
         rows = len(row_tokens)
         if rows != cache.active_rows:
             raise ValueError(f"got tokens for {rows} rows but {cache.active_rows} rows are in use")
-        query_len = max(1, max(len(tokens) for tokens in row_tokens))
         if new_padding:
             for row, count in enumerate(new_padding):
                 if count:
                     cache.mark_padding(row, cache.lengths[row] + count)
 
-        input_ids, write_columns, positions, limits, self_columns = [], [], [], [], []
-        kv_len = 1
+        input_ids: list[int] = []
+        positions: list[int] = []
+        write_rows: list[int] = []
+        write_columns: list[int] = []
+        last_token: list[int] = []
+        singles: list[tuple[int, int]] = []  # (row, packed index)
+        chunks: list[tuple[int, int, int]] = []  # (row, packed start, packed end)
         for row, tokens in enumerate(row_tokens):
-            align = query_len - len(tokens)
-            start = cache.lengths[row]
+            start, count = cache.lengths[row], len(tokens)
+            if start + count > self.max_len:
+                raise ValueError(f"row {row} would hold {start + count} tokens; the cache holds {self.max_len}")
             position = cache.position_of_next(row)
-            input_ids.extend([self.pad_token_id] * align + tokens)
-            write_columns.extend([cache.scratch_column] * align + list(range(start, start + len(tokens))))
-            positions.extend([0] * align + [max(0, position + j) for j in range(len(tokens))])
-            limits.extend([-1] * align + list(range(start, start + len(tokens))))
-            self_columns.extend([0] * align + list(range(start, start + len(tokens))))
-            kv_len = max(kv_len, start + len(tokens))
-        if kv_len > self.max_len:
-            raise ValueError(f"a row would hold {kv_len} tokens but the cache holds at most {self.max_len}")
+            packed_start = len(input_ids)
+            input_ids.extend(tokens)
+            positions.extend(max(0, position + j) for j in range(count))
+            write_rows.extend([row] * count)
+            write_columns.extend(range(start, start + count))
+            last_token.append(max(packed_start + count - 1, 0))
+            if count == 1:
+                singles.append((row, packed_start))
+            elif count > 1:
+                chunks.append((row, packed_start, packed_start + count))
+        if not input_ids:
+            raise ValueError("no row has a new token this step")
 
-        shape = (rows, query_len)
         device = self.device
-        write = torch.tensor(write_columns, device=device).view(shape)
-        limit = torch.tensor(limits, device=device).view(*shape, 1)
-        own = torch.tensor(self_columns, device=device).view(*shape, 1)
-        columns = self._columns[:kv_len]
-        allowed = columns <= limit
-        if any(cache.padding[:rows]):
-            allowed &= ~cache.blocked[:rows, None, :kv_len]
-        allowed |= columns == own  # padding queries attend one column so no softmax row is empty
-        mask = torch.zeros((rows, 1, query_len, kv_len), dtype=self.model.dtype, device=device)
-        mask.masked_fill_(~allowed[:, None], self._mask_min)
-
         cache.plan = StepPlan(
-            rows=rows,
-            row_index=torch.arange(rows, device=device).view(rows, 1),
-            write_columns=write,
-            kv_len=kv_len,
+            row_index=torch.tensor(write_rows, device=device),
+            write_columns=torch.tensor(write_columns, device=device),
         )
+        plan = self._plan(rows, len(input_ids), singles, chunks)
         output = self.model(
-            input_ids=torch.tensor(input_ids, device=device).view(shape),
-            position_ids=torch.tensor(positions, device=device).view(shape),
-            attention_mask=mask,
+            input_ids=torch.tensor([input_ids], device=device),
+            position_ids=torch.tensor([positions], device=device),
+            attention_mask=self._placeholder_mask,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=torch.tensor(last_token, device=device),
+            **{PLAN_KWARG: plan},
         )
         for row, tokens in enumerate(row_tokens):
             cache.lengths[row] += len(tokens)
         self.forward_calls += 1
-        return output.logits[:, -1, :].float()
+        return output.logits[0].float()
+
+    def _plan(
+        self, rows: int, total: int, singles: list[tuple[int, int]], chunks: list[tuple[int, int, int]]
+    ) -> PackedPlan:
+        """Masks for this step: each query sees its own row's columns up to itself, never padding columns."""
+        cache, device = self.cache, self.device
+        padded = any(cache.padding[:rows])
+        single_mask = single_rows = single_tokens = None
+        single_kv_len = 1
+        if singles:
+            single_kv_len = max(cache.lengths[row] + 1 for row, _ in singles)
+            limit = [-1] * rows  # rows outside the group attend to column 0 only: no softmax row is empty
+            for row, _ in singles:
+                limit[row] = cache.lengths[row]
+            columns = self._columns[:single_kv_len]
+            allowed = columns <= torch.tensor(limit, device=device)[:, None]
+            if padded:
+                allowed &= ~cache.blocked[:rows, :single_kv_len]
+            allowed[:, 0] |= torch.tensor([value < 0 for value in limit], device=device)
+            single_mask = self._additive(allowed[:, None, None, :])
+            in_order = len(singles) == rows and total == rows
+            if not in_order:
+                single_rows = torch.tensor([row for row, _ in singles], device=device)
+                single_tokens = torch.tensor([index for _, index in singles], device=device)
+        chunk_plans = []
+        for row, start, end in chunks:
+            first = cache.lengths[row]
+            kv_len = first + end - start
+            own = torch.arange(first, kv_len, device=device)[:, None]
+            columns = self._columns[:kv_len]
+            allowed = columns <= own
+            if cache.padding[row]:
+                allowed &= ~cache.blocked[row, :kv_len]
+                allowed |= columns == own  # a padding query attends to itself only
+            chunk_plans.append(ChunkPlan(row, start, end, kv_len, self._additive(allowed[None, None])))
+        return PackedPlan(rows, total, single_rows, single_tokens, single_kv_len, single_mask, chunk_plans)
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device)
+        return mask.masked_fill_(~allowed, self._mask_min)
