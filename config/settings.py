@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from utils.prompting import DEFAULT_SYSTEM_PROMPT, DEFAULT_TEMPLATE
@@ -57,6 +57,14 @@ class BatchingSettings(BaseModel):
     max_batched_tokens: int = Field(512, ge=16, le=65536, description="prefill + decode tokens per step")
     policy: Policy = "fcfs"
     max_seq_len: int = Field(2048, ge=16, le=131072, description="prompt + new tokens per request; sizes the KV cache")
+
+    @field_validator("max_batched_tokens")
+    @classmethod
+    def _budget_leaves_room_for_prompts(cls, budget: int, info: ValidationInfo) -> int:
+        slots = info.data.get("max_batch_size")
+        if slots is not None and budget <= slots:
+            raise ValueError(f"must exceed max_batch_size={slots}, so prompts still get prefilled while every slot decodes")
+        return budget
 
 
 class LimitSettings(BaseModel):

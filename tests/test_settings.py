@@ -87,3 +87,10 @@ def test_an_invalid_value_fails_with_one_line_naming_the_variable(
 
 def test_settings_tree_has_every_group() -> None:
     assert set(Settings.model_fields) >= {"model", "tokenizer", "generation", "batching", "limits", "prompt"}
+
+
+def test_a_token_budget_not_above_the_slot_count_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCH_SIZE", "32")
+    monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCHED_TOKENS", "32")
+    with pytest.raises(SettingsError, match=r"^BATCHSCOPE_BATCHING__MAX_BATCHED_TOKENS=32: .*must exceed max_batch_size=32"):
+        load_settings()
