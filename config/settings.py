@@ -63,7 +63,9 @@ class BatchingSettings(BaseModel):
     def _budget_leaves_room_for_prompts(cls, budget: int, info: ValidationInfo) -> int:
         slots = info.data.get("max_batch_size")
         if slots is not None and budget <= slots:
-            raise ValueError(f"must exceed max_batch_size={slots}, so prompts still get prefilled while every slot decodes")
+            raise ValueError(
+                f"must exceed max_batch_size={slots}, so prompts still get prefilled while every slot decodes"
+            )
         return budget
 
 

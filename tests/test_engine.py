@@ -343,5 +343,5 @@ def test_a_step_event_lists_each_slot_and_never_more_active_than_slots(llama) ->
 def test_finished_event_reports_the_slot_it_used(llama) -> None:
     batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=2)
     request = batcher.add([5, 6, 7], 3, ignore_eos=True)
-    done = [e for e in batcher.run() if isinstance(e, FinishedEvent)][0]
+    done = next(e for e in batcher.run() if isinstance(e, FinishedEvent))
     assert done.slot == request.slot == 0

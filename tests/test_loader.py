@@ -90,7 +90,7 @@ def test_an_unreachable_hub_id_names_the_setting_to_change(monkeypatch: pytest.M
 
 
 def test_a_folder_without_a_model_is_a_clear_error(tmp_path) -> None:
-    with pytest.raises(ModelLoadError, match="no config.json in that folder"):
+    with pytest.raises(ModelLoadError, match=r"no config\.json in that folder"):
         load_model(ModelSettings(name_or_path=str(tmp_path)))
 
 

@@ -92,5 +92,6 @@ def test_settings_tree_has_every_group() -> None:
 def test_a_token_budget_not_above_the_slot_count_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCH_SIZE", "32")
     monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCHED_TOKENS", "32")
-    with pytest.raises(SettingsError, match=r"^BATCHSCOPE_BATCHING__MAX_BATCHED_TOKENS=32: .*must exceed max_batch_size=32"):
+    expected = r"^BATCHSCOPE_BATCHING__MAX_BATCHED_TOKENS=32: .*must exceed max_batch_size=32"
+    with pytest.raises(SettingsError, match=expected):
         load_settings()
