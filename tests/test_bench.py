@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from batching.bench import ModeRun, main, speedup_figures, step_time_stats
+from batching.bench import ModeRun, main
 from batching.bench_plot import bench_chart
+from batching.bench_report import speedup_figures, step_time_stats
 from batching.events import FinishedEvent, StepEvent
 from batching.request import FinishReason
 from utils.metrics import RunRecord, percentile
