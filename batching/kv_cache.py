@@ -151,11 +151,3 @@ class SlotKVCache(Cache):
     def storage_pointers(self) -> list[int]:
         """Addresses of every layer's tensors: they never change once allocated."""
         return [t.data_ptr() for layer in self.layers if layer.is_initialized for t in (layer.keys, layer.values)]
-
-    def nbytes(self) -> int:
-        return sum(
-            t.numel() * t.element_size()
-            for layer in self.layers
-            if layer.is_initialized
-            for t in (layer.keys, layer.values)
-        )

@@ -30,7 +30,6 @@ class ModelRunner:
         # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
         self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         use_packed_attention(model)
-        self.forward_calls = 0
 
     @torch.inference_mode()
     def forward(self, row_tokens: list[list[int]], new_padding: list[int] | None = None) -> torch.Tensor:
@@ -90,7 +89,6 @@ class ModelRunner:
         )
         for row, tokens in enumerate(row_tokens):
             cache.lengths[row] += len(tokens)
-        self.forward_calls += 1
         return output.logits[0].float()
 
     def _plan(
