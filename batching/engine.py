@@ -56,7 +56,6 @@ class Batcher:
         policy: str = "fcfs",
         max_seq_len: int = 2048,
         max_prompt_tokens: int = 512,
-        context_length: int | None = None,
         clock: Clock = time.perf_counter,
     ) -> None:
         if not 1 <= max_batch_size <= 1024:
@@ -66,7 +65,7 @@ class Batcher:
                 f"max_batched_tokens={max_batched_tokens} is not allowed: must exceed max_batch_size="
                 f"{max_batch_size}, so prompts still get prefilled while every slot decodes"
             )
-        context = min(context_length or model_context_length(model), max_seq_len)
+        context = min(model_context_length(model), max_seq_len)
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size

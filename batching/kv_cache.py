@@ -82,7 +82,6 @@ class SlotKVCache(Cache):
         self.plan = StepPlan(row_index=torch.zeros(0, dtype=torch.long), write_columns=torch.zeros(0, dtype=torch.long))
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
-    @torch.inference_mode()
     def claim(self, request_id: str) -> int:
         """Give a request the next free row."""
         if request_id in self._row_of:
@@ -93,10 +92,7 @@ class SlotKVCache(Cache):
         self.active_rows += 1
         self._row_of[request_id] = row
         self._owner_of[row] = request_id
-        self.lengths[row] = 0
-        if self.padding[row]:
-            self.blocked[row].zero_()
-            self.padding[row] = 0
+        self.lengths[row] = 0  # a free row's padding was cleared when it was released
         return row
 
     @torch.inference_mode()
