@@ -15,18 +15,16 @@ import streamlit as st
 import torch
 
 from batching.arrivals import Schedule
-from batching.builder import RequestBuilder
-from batching.continuous import ContinuousBatcher
-from batching.events import FinishedEvent
-from batching.request import SamplingParams
+from batching.bench.workloads import builtin_workload_names, load_workload
+from batching.engine.batcher import Batcher, BatcherOptions, request_builder
+from batching.engine.events import FinishedEvent
+from batching.engine.params import RequestParams, SamplingParams
 from batching.service import EngineService, ServiceLimits, Session
-from batching.static import StaticBatcher
-from batching.workloads import builtin_workload_names, load_workload
 from config.settings import ModelSettings, Settings, SettingsError, TokenizerSettings, load_settings
 from model.loader import LoadedModel, ModelLoadError, load_model
+from model.prompting import format_prompt
 from utils import charts, export
 from utils.metrics import RunRecord, summarize
-from utils.prompting import format_prompt
 from utils.queue import REPLAY_ORDER, LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
 
 SMALL_MODEL = 50_000_000  # parameters; below this the CPU runs torch on one thread (see get_model)
@@ -39,7 +37,6 @@ CONTINUOUS_LIVE = "Live: your run on the shared engine, drawn as it happens."
 CONTINUOUS_REPLAYED = "Your queue replayed on a private continuous batcher, measured the same way as static batching."
 STATIC_LATER = "The same queue on a private static batcher (fixed waves), measured after your run."
 ARRIVALS = ("all at once", "staggered", "Poisson")
-BATCHERS = {"continuous": ContinuousBatcher, "static": StaticBatcher}
 POLICY_NAMES = {
     "fcfs": "first come, first served",
     "shortest-first": "shortest cap first",
@@ -59,8 +56,8 @@ def get_model(model_json: str, tokenizer_json: str) -> LoadedModel:
     if loaded.device.type == "cpu" and loaded.num_parameters < SMALL_MODEL and "OMP_NUM_THREADS" not in os.environ:
         # A small model's ops are too short to split: on shared cores, more threads mostly wait on each other.
         torch.set_num_threads(1)
-    warm = ContinuousBatcher(loaded.model, loaded.tokenizer, max_batch_size=1, max_batched_tokens=64)
-    warm.add("Hello", 2)
+    warm = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=1, max_batched_tokens=64))
+    warm.add("Hello", RequestParams(2))
     for _ in warm.run():
         pass
     return loaded
@@ -74,20 +71,20 @@ def get_service(
     loaded = get_model(model_json, tokenizer_json)
     per_session, total = limits
     return EngineService(
-        lambda: ContinuousBatcher(loaded.model, loaded.tokenizer, **dict(options)),
+        lambda: Batcher(loaded.model, loaded.tokenizer, BatcherOptions(**dict(options))),
         ServiceLimits(max_queue_per_session=per_session, max_queue_total=total),
     )
 
 
-def engine_options(settings: Settings, batch_size: int, policy: str) -> dict[str, object]:
-    """The batcher arguments for the page's choices; the shared engine and the replays both use them."""
-    return {
-        "max_batch_size": batch_size,
-        "max_batched_tokens": max(settings.batching.max_batched_tokens, batch_size + 1),
-        "policy": policy,
-        "max_seq_len": settings.batching.max_seq_len,
-        "max_prompt_tokens": settings.tokenizer.max_prompt_tokens,
-    }
+def engine_options(settings: Settings, batch_size: int, policy: str) -> BatcherOptions:
+    """The batcher options for the page's choices; the shared engine and the replays both use them."""
+    return BatcherOptions(
+        max_batch_size=batch_size,
+        max_batched_tokens=max(settings.batching.max_batched_tokens, batch_size + 1),
+        policy=policy,
+        max_seq_len=settings.batching.max_seq_len,
+        max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
+    )
 
 
 # --- settings and model --------------------------------------------------------------------------------------
@@ -120,10 +117,10 @@ except Exception as exc:  # a broken model folder can fail in many ways; the pag
     )
     st.stop()
 
-builder = RequestBuilder(
-    loaded.tokenizer, min(loaded.context_length, settings.batching.max_seq_len), settings.tokenizer.max_prompt_tokens
+builder = request_builder(
+    loaded.model, loaded.tokenizer, engine_options(settings, settings.batching.max_batch_size, settings.batching.policy)
 )
-max_cap = builder.context_length - 1
+max_cap = builder.max_new_tokens
 st.caption(
     f"Model **{escape_markdown(loaded.name)}** · {loaded.num_parameters / 1e6:.1f} M parameters · "
     f"{loaded.device} · {str(loaded.dtype).removeprefix('torch.')} · context {builder.context_length} tokens"
@@ -176,7 +173,7 @@ with st.sidebar:
 
 options = engine_options(settings, batch_size, policy)
 service = get_service(
-    *model_key, tuple(options.items()), (settings.limits.max_queue_per_session, settings.limits.max_queue_total)
+    *model_key, tuple(asdict(options).items()), (settings.limits.max_queue_per_session, settings.limits.max_queue_total)
 )
 if service.ensure_running():
     st.warning(f"The shared engine had stopped ({service.last_error}); it was restarted (restart {service.restarts}).")
@@ -184,7 +181,7 @@ if service.ensure_running():
 
 def check_prompt(prompt: str, cap: int) -> None:
     """Would the engine accept this prompt (with the system prompt around it) and this cap? ValueError if not."""
-    builder.build(format_prompt(prompt, system_prompt, settings.prompt.template), cap)
+    builder.build(format_prompt(prompt, system_prompt, settings.prompt.template), RequestParams(cap))
 
 
 # --- session state: the canonical queue, the run, this tab's engine sessions ----------------------------------
@@ -268,7 +265,7 @@ def start_run() -> None:
     state.run, state.run_session, state.run_items = started, session, {item.item_id for item in queue.items}
     state.run_setup = {
         "model": loaded.name,
-        "engine": options,
+        "engine": asdict(options),
         "sampling": asdict(sampling),
         "arrivals": schedule.description,
         "system_prompt": system_prompt,
@@ -396,11 +393,11 @@ last_text = next_chart = 0.0
 while True:
     for view in run.due(time.perf_counter()):
         try:
-            request = session.submit(view.formatted, view.max_new_tokens, sampling=run.sampling)
+            request = session.submit(view.formatted, RequestParams(view.max_new_tokens, run.sampling))
         except (ValueError, RuntimeError) as exc:
             run.refuse(view, str(exc))
         else:
-            run.submitted(view, request.request_id, request.arrival)
+            run.submitted(view, request.request_id, request.times.arrival)
     run.fold(session.poll(timeout=TEXT_REDRAW_S))
     now = time.perf_counter()
     if now - last_text >= TEXT_REDRAW_S or run.done:
@@ -432,7 +429,7 @@ def replay_all() -> None:
         done = run.replayed * len(run.views)
         text = f"Measuring: replay {run.replayed + 1} of {len(REPLAY_ORDER)}, {mode} batching"
         bar = replay_slot.progress(done / total, text=text)
-        batcher = BATCHERS[mode](loaded.model, loaded.tokenizer, **state.run_setup["engine"])
+        batcher = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(**state.run_setup["engine"]), mode=mode)
         for event in run.replay(batcher):
             if isinstance(event, FinishedEvent):
                 done += 1

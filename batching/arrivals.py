@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-from batching.engine import Batcher
-from batching.events import Event
-from batching.workloads import Workload
 
 AT_ONCE = "at-once"
 PER_STEP = "per-step"
@@ -66,21 +62,6 @@ class Schedule:
                 now += rng.expovariate(rate_per_s)
             times.append(now)
         return cls.timed(times, f"Poisson arrivals at {rate_per_s:g} requests/s (seed {seed})")
-
-    @classmethod
-    def for_workload(cls, workload: Workload, rate_per_s: float | None = None, seed: int = 0) -> Schedule:
-        """Poisson when a rate is given; else the workload's `arrival_step`s, else its `arrival_s`, else at once.
-
-        A request without a step (or time) in a workload that gives them to others arrives at step 0 (time 0).
-        """
-        requests = workload.requests
-        if rate_per_s is not None:
-            return cls.poisson(len(requests), rate_per_s, seed)
-        if any(request.arrival_step is not None for request in requests):
-            return cls.per_step([request.arrival_step or 0 for request in requests])
-        if any(request.arrival_s is not None for request in requests):
-            return cls.timed([request.arrival_s or 0.0 for request in requests])
-        return cls.at_once(len(requests))
 
 
 class ArrivalDriver:
@@ -151,17 +132,3 @@ class ArrivalDriver:
             self._next += 1
             count += 1
         return count
-
-
-def drive(batcher: Batcher, driver: ArrivalDriver) -> Iterator[Event]:
-    """Step `batcher` until every scheduled request has been submitted and finished, submitting between steps."""
-    if driver.started is None:
-        driver.start()
-    while True:
-        driver.release(batcher.step_index)
-        if batcher.has_work:
-            yield from batcher.step()
-        elif not driver.done:
-            driver.wait_idle()
-        else:
-            return

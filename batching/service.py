@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from batching.continuous import ContinuousBatcher
-from batching.events import Event, FinishedEvent, StepEvent
-from batching.request import FinishReason, Request, SamplingParams
+from batching.engine.batcher import Batcher
+from batching.engine.events import Event, FinishedEvent, StepEvent
+from batching.engine.params import RequestParams
+from batching.engine.request import FinishReason, Request
 
 logger = logging.getLogger(__name__)
 
@@ -49,17 +50,9 @@ class Session:
     def owns(self, request_id: str) -> bool:
         return request_id.startswith(self.session_id + "/")
 
-    def submit(
-        self,
-        prompt: str | Sequence[int],
-        max_new_tokens: int,
-        sampling: SamplingParams | None = None,
-        stop_strings: Sequence[str] = (),
-        ignore_eos: bool = False,
-    ) -> Request:
+    def submit(self, prompt: str | Sequence[int], params: RequestParams) -> Request:
         """Validate and queue a request; raises ValueError (bad input) or QueueFullError (limits)."""
-        request_id = f"{self.session_id}/{next(self._counter)}"
-        return self.service.submit(self, prompt, max_new_tokens, sampling, stop_strings, ignore_eos, request_id)
+        return self.service.submit(self, prompt, params, request_id=f"{self.session_id}/{next(self._counter)}")
 
     def poll(self, timeout: float = 0.0) -> list[Event]:
         """Every event for this session since the last poll; waits up to `timeout` for the first one."""
@@ -86,7 +79,7 @@ class Session:
 class EngineService:
     """Runs `batcher_factory()`'s batcher in a daemon thread and routes its events to sessions."""
 
-    def __init__(self, batcher_factory: Callable[[], ContinuousBatcher], limits: ServiceLimits | None = None) -> None:
+    def __init__(self, batcher_factory: Callable[[], Batcher], limits: ServiceLimits | None = None) -> None:
         self.batcher_factory = batcher_factory
         self.limits = limits or ServiceLimits()
         self.batcher = batcher_factory()
@@ -151,19 +144,10 @@ class EngineService:
         with self._lock:
             return len(self._owner)
 
-    def submit(
-        self,
-        session: Session,
-        prompt: str | Sequence[int],
-        max_new_tokens: int,
-        sampling: SamplingParams | None,
-        stop_strings: Sequence[str],
-        ignore_eos: bool,
-        request_id: str,
-    ) -> Request:
+    def submit(self, session: Session, prompt: str | Sequence[int], params: RequestParams, request_id: str) -> Request:
         if not self.alive:
             raise RuntimeError("the engine is not running: reload the page to restart it")
-        request = self.batcher.make_request(prompt, max_new_tokens, sampling, stop_strings, request_id, ignore_eos)
+        request = self.batcher.make_request(prompt, params, request_id)
         with self._lock:
             if session.closed:
                 raise ValueError("this session is closed: reload the page")

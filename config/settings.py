@@ -7,12 +7,15 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from utils.prompting import DEFAULT_SYSTEM_PROMPT, DEFAULT_TEMPLATE
-
 ENV_PREFIX = "BATCHSCOPE_"
 ENV_DELIMITER = "__"
 
 Policy = Literal["fcfs", "shortest-first", "longest-first"]
+# The Q/A format the embedded model was trained on (model.prompting fills it).
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a friendly customer-support assistant for an online shop. Answer the customer's question."
+)
+DEFAULT_TEMPLATE = "{system_prompt}\n\nQ: {prompt}\nA:"
 
 
 class ModelSettings(BaseModel):

@@ -22,8 +22,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from model.corpus import WORKLOAD_QUERIES, Example, heldout_examples
+from model.prompting import extract_answer, format_prompt
 from model.train_builtin import BUILTIN_DIR, IGNORE, Encoded, build_model, encode
-from utils.prompting import extract_answer, format_prompt
 
 MAX_NEW_TOKENS = 256
 

@@ -36,21 +36,6 @@ class LoadedModel:
     num_parameters: int
     load_seconds: float
 
-    @property
-    def context_length(self) -> int:
-        """The most positions the model can attend over (prompt + generated tokens)."""
-        return model_context_length(self.model)
-
-
-def model_context_length(model: PreTrainedModel) -> int:
-    """Read the context length from the config, whatever the architecture calls it."""
-    config = model.config
-    for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 2048
-
 
 def resolve_device(choice: str) -> torch.device:
     """`auto` picks cuda, then mps, then cpu; an explicit choice that is not present is an error."""

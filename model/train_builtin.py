@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from model.corpus import Example, training_examples
-from utils.prompting import format_prompt
+from model.prompting import format_prompt
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2

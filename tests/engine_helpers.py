@@ -7,7 +7,7 @@ from functools import cache
 
 import torch
 
-from batching.events import Event, FinishedEvent, StepEvent
+from batching.engine.events import Event, FinishedEvent, StepEvent
 from config.settings import ModelSettings
 from model.loader import LoadedModel, load_model
 

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from batching.arrivals import AT_ONCE, PER_STEP, TIMED, ArrivalDriver, Schedule, drive
-from batching.continuous import ContinuousBatcher
-from batching.events import StepEvent
-from batching.workloads import Workload, WorkloadRequest
+from batching.arrivals import AT_ONCE, PER_STEP, TIMED, ArrivalDriver, Schedule
+from batching.bench.workloads import Workload, WorkloadRequest
+from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.events import StepEvent
+from batching.engine.params import RequestParams
+from batching.runs import drive
 from config.settings import ModelSettings
 from model.loader import load_model
 
@@ -55,12 +57,12 @@ def _workload(**arrivals: list) -> Workload:
 
 
 def test_the_workload_decides_the_kind_unless_a_rate_is_given() -> None:
-    assert Schedule.for_workload(_workload()).kind == AT_ONCE
-    steps = Schedule.for_workload(_workload(arrival_step=[0, None, 4]))
+    assert _workload().schedule().kind == AT_ONCE
+    steps = _workload(arrival_step=[0, None, 4]).schedule()
     assert (steps.kind, steps.due) == (PER_STEP, (0.0, 0.0, 4.0))
-    times = Schedule.for_workload(_workload(arrival_s=[0.5, None]))
+    times = _workload(arrival_s=[0.5, None]).schedule()
     assert (times.kind, times.due) == (TIMED, (0.5, 0.0))
-    assert Schedule.for_workload(_workload(arrival_step=[1, 2]), rate_per_s=2.0, seed=1) == Schedule.poisson(2, 2.0, 1)
+    assert _workload(arrival_step=[1, 2]).schedule(rate_per_s=2.0, seed=1) == Schedule.poisson(2, 2.0, 1)
 
 
 def test_timed_arrivals_are_submitted_once_their_time_has_passed() -> None:
@@ -102,11 +104,11 @@ def tiny_llama(tiny_model_dirs: dict[str, Path]):
 
 
 def test_a_request_due_before_step_k_joins_the_batch_at_step_k(tiny_llama) -> None:
-    batcher = ContinuousBatcher(tiny_llama.model, tiny_llama.tokenizer, max_batch_size=4)
+    batcher = Batcher(tiny_llama.model, tiny_llama.tokenizer, BatcherOptions(max_batch_size=4))
     arrival_steps = [0, 1, 3, 3]
 
     def submit(index: int, _: float) -> None:
-        batcher.add([5 + index, 6, 7], 6, ignore_eos=True, request_id=f"q{index}")
+        batcher.add([5 + index, 6, 7], RequestParams(6, ignore_eos=True), request_id=f"q{index}")
 
     events = list(drive(batcher, ArrivalDriver(Schedule.per_step(arrival_steps), submit)))
     steps = [event for event in events if isinstance(event, StepEvent)]
@@ -119,12 +121,12 @@ def test_a_request_due_before_step_k_joins_the_batch_at_step_k(tiny_llama) -> No
 
 
 def test_drive_sleeps_through_a_gap_with_nothing_to_do(tiny_llama) -> None:
-    batcher = ContinuousBatcher(tiny_llama.model, tiny_llama.tokenizer, max_batch_size=2)
+    batcher = Batcher(tiny_llama.model, tiny_llama.tokenizer, BatcherOptions(max_batch_size=2))
     submitted_at = []
 
     def submit(index: int, _: float) -> None:
         submitted_at.append(driver.clock() - driver.started)
-        batcher.add([9, 10], 1, ignore_eos=True, request_id=f"q{index}")
+        batcher.add([9, 10], RequestParams(1, ignore_eos=True), request_id=f"q{index}")
 
     driver = ArrivalDriver(Schedule.timed([0.0, 0.2]), submit)
     events = list(drive(batcher, driver))

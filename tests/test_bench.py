@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from batching.bench import ModeRun, main
-from batching.bench_plot import bench_chart
-from batching.bench_report import speedup_figures, step_time_stats
-from batching.events import FinishedEvent, StepEvent
-from batching.request import FinishReason
+from batching.bench.cli import ModeRun, main
+from batching.bench.plot import bench_chart
+from batching.bench.report import speedup_figures, step_time_stats
+from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.request import FinishReason
 from utils.metrics import RunRecord, percentile
 
 CAPS = [6, 2, 9, 3, 5, 4]

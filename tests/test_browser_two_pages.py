@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from batching.workloads import load_workload
+from batching.bench.workloads import load_workload
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, IDLE, add_prompt, app_url  # app_url: the server fixture
 from utils.charts import OTHERS  # the occupancy legend's name for other users' requests
 

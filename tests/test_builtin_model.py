@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from model.corpus import WORKLOAD_QUERIES, heldout_examples, normalize, training_examples
+from model.prompting import extract_answer, format_prompt
 from model.train_builtin import BUILTIN_DIR
-from utils.prompting import extract_answer, format_prompt
 
 UNICODE_SAMPLES = (
     "emoji 🎉🚀 and a family 👩‍👩‍👧‍👦",
@@ -99,11 +99,12 @@ def test_answer_lengths_differ_on_purpose_between_intents() -> None:
 
 
 def test_builtin_loads_through_the_app_loader_by_name() -> None:
+    from batching.engine.model_support import model_context_length
     from config.settings import ModelSettings
     from model.loader import load_model
 
     loaded = load_model(ModelSettings(name_or_path="builtin", device="cpu"))
     assert loaded.dtype == torch.float32
-    assert loaded.context_length >= 1024
+    assert model_context_length(loaded.model) >= 1024
     assert loaded.model.generation_config.eos_token_id == loaded.tokenizer.eos_token_id
     assert loaded.tokenizer.pad_token_id != loaded.tokenizer.eos_token_id

@@ -9,8 +9,8 @@ import altair as alt
 import pandas as pd
 import pytest
 
-from batching.events import FinishedEvent, StepEvent, TokenEvent
-from batching.request import FinishReason
+from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
+from batching.engine.request import FinishReason
 from utils import charts, export
 from utils.metrics import RunRecord, summarize
 

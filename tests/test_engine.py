@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from batching.continuous import ContinuousBatcher
-from batching.detokenizer import IncrementalDetokenizer
-from batching.events import FinishedEvent, StepEvent, TokenEvent
-from batching.request import FinishReason, SamplingParams
-from batching.static import StaticBatcher
+from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.detokenizer import IncrementalDetokenizer
+from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
+from batching.engine.params import RequestParams, SamplingParams
+from batching.engine.request import FinishReason
 from tests.engine_helpers import finished_by_id, loaded, random_prompts, reference, steps_of
 
 
@@ -27,12 +27,12 @@ def assert_nothing_held(batcher) -> None:
     assert batcher.running == {}
     assert all(slot is None for slot in batcher.slots)
     assert batcher._detokenizers == {} and batcher._samplers == {}
-    assert len(batcher.waiting) == 0
+    assert len(batcher.scheduler.waiting) == 0
 
 
 def test_a_finished_request_frees_its_slot_for_a_waiting_one_on_the_very_next_step(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=2)
-    short, long_, waiting = (batcher.add([5, 6, 7], cap, ignore_eos=True) for cap in (2, 10, 4))
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2))
+    short, long_, waiting = (batcher.add([5, 6, 7], RequestParams(cap, ignore_eos=True)) for cap in (2, 10, 4))
     events = list(batcher.run())
     steps = steps_of(events)
     finished_step = next(s.index for s in steps if short.request_id in s.slots and s.index == 1)
@@ -43,8 +43,8 @@ def test_a_finished_request_frees_its_slot_for_a_waiting_one_on_the_very_next_st
 
 
 def test_static_waves_wait_for_their_longest_member_holding_idle_slots(llama) -> None:
-    batcher = StaticBatcher(llama.model, llama.tokenizer, max_batch_size=2)
-    a, b, c = (batcher.add([5, 6, 7], cap, ignore_eos=True) for cap in (2, 6, 3))
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2), mode="static")
+    a, b, c = (batcher.add([5, 6, 7], RequestParams(cap, ignore_eos=True)) for cap in (2, 6, 3))
     steps = steps_of(list(batcher.run()))
     assert len(steps) == 6 + 3  # wave 1 runs until its longest (6), then wave 2 (3)
     assert all(s.slots == (a.request_id, b.request_id) for s in steps[:6])
@@ -58,19 +58,19 @@ def test_static_waves_wait_for_their_longest_member_holding_idle_slots(llama) ->
     ("policy", "order"), [("fcfs", [40, 5, 20]), ("shortest-first", [5, 20, 40]), ("longest-first", [40, 20, 5])]
 )
 def test_the_policy_decides_who_gets_a_slot_first(llama, policy: str, order: list[int]) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=1, policy=policy)
-    requests = {cap: batcher.add([5, 6, 7], cap, ignore_eos=True) for cap in (40, 5, 20)}
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=1, policy=policy))
+    requests = {cap: batcher.add([5, 6, 7], RequestParams(cap, ignore_eos=True)) for cap in (40, 5, 20)}
     list(batcher.run())
-    admitted = sorted(requests, key=lambda cap: requests[cap].metrics.admitted)
+    admitted = sorted(requests, key=lambda cap: requests[cap].times.admitted)
     assert admitted == order
 
 
 def test_long_prompts_are_prefilled_in_chunks_fused_with_other_rows_decode(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=3, max_batched_tokens=16)
-    decoding = batcher.add([5, 6], 30, ignore_eos=True)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=3, max_batched_tokens=16))
+    decoding = batcher.add([5, 6], RequestParams(30, ignore_eos=True))
     batcher.step()
     long_prompt = random_prompts(1, vocab=300, seed=3, longest=2)[0] * 1 + list(range(10, 60))
-    joiner = batcher.add(long_prompt, 5, ignore_eos=True)
+    joiner = batcher.add(long_prompt, RequestParams(5, ignore_eos=True))
     events = list(batcher.run())
     steps = steps_of(events)
     assert all(s.prefill_tokens + s.decode_tokens <= 16 for s in steps)
@@ -82,14 +82,14 @@ def test_long_prompts_are_prefilled_in_chunks_fused_with_other_rows_decode(llama
 
 
 def test_the_cache_is_allocated_once_and_stays_put_through_256_requests(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=8)
-    batcher.add([5, 6, 7], 1)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=8))
+    batcher.add([5, 6, 7], RequestParams(1))
     list(batcher.run())
     pointers = batcher.runner.cache.storage_pointers()
     assert len(pointers) == 2 * llama.model.config.num_hidden_layers
     prompts = random_prompts(256, vocab=300, seed=11, longest=12)
     for i, prompt in enumerate(prompts):
-        batcher.add(prompt, 1 + i % 7, ignore_eos=True)
+        batcher.add(prompt, RequestParams(1 + i % 7, ignore_eos=True))
     events = list(batcher.run())
     assert len(finished_by_id(events)) == 256
     assert batcher.runner.cache.storage_pointers() == pointers
@@ -98,10 +98,13 @@ def test_the_cache_is_allocated_once_and_stays_put_through_256_requests(llama) -
 
 
 def test_admitting_or_finishing_a_request_leaves_every_other_requests_cache_untouched(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=4)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=4))
     cache = batcher.runner.cache
-    staying = [batcher.add([5, 6, 7, 8], 50, ignore_eos=True), batcher.add([9, 10], 50, ignore_eos=True)]
-    leaving = batcher.add([11, 12, 13], 3, ignore_eos=True)
+    staying = [
+        batcher.add([5, 6, 7, 8], RequestParams(50, ignore_eos=True)),
+        batcher.add([9, 10], RequestParams(50, ignore_eos=True)),
+    ]
+    leaving = batcher.add([11, 12, 13], RequestParams(3, ignore_eos=True))
     batcher.step()
     batcher.step()
 
@@ -117,7 +120,7 @@ def test_admitting_or_finishing_a_request_leaves_every_other_requests_cache_unto
     # This step finishes `leaving` (its row is reused: the last row moves into it) and admits a newcomer.
     batcher.step()
     assert leaving.is_finished
-    batcher.add([14, 15, 16, 17, 18], 4, ignore_eos=True)
+    batcher.add([14, 15, 16, 17, 18], RequestParams(4, ignore_eos=True))
     batcher.step()
     after = snapshot()
     for request_id, tensors in before.items():
@@ -126,10 +129,10 @@ def test_admitting_or_finishing_a_request_leaves_every_other_requests_cache_unto
 
 
 def test_cancelling_waiting_and_running_requests_frees_everything(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=2)
-    running = batcher.add([5, 6, 7], 100, ignore_eos=True)
-    other = batcher.add([8, 9], 6, ignore_eos=True)
-    waiting = batcher.add([10, 11], 100, ignore_eos=True)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2))
+    running = batcher.add([5, 6, 7], RequestParams(100, ignore_eos=True))
+    other = batcher.add([8, 9], RequestParams(6, ignore_eos=True))
+    waiting = batcher.add([10, 11], RequestParams(100, ignore_eos=True))
     batcher.step()
     batcher.cancel(running.request_id)
     batcher.cancel(waiting.request_id)
@@ -144,9 +147,9 @@ def test_cancelling_waiting_and_running_requests_frees_everything(llama) -> None
 
 
 def test_cancelling_a_static_wave_member_keeps_the_rest_of_the_wave_going(llama) -> None:
-    batcher = StaticBatcher(llama.model, llama.tokenizer, max_batch_size=2)
-    cancelled = batcher.add([5, 6, 7], 50, ignore_eos=True)
-    kept = batcher.add([8, 9], 8, ignore_eos=True)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2), mode="static")
+    cancelled = batcher.add([5, 6, 7], RequestParams(50, ignore_eos=True))
+    kept = batcher.add([8, 9], RequestParams(8, ignore_eos=True))
     batcher.cancel(cancelled.request_id)
     finished = finished_by_id(list(batcher.run()))
     assert finished[cancelled.request_id].reason is FinishReason.CANCELLED
@@ -155,12 +158,12 @@ def test_cancelling_a_static_wave_member_keeps_the_rest_of_the_wave_going(llama)
 
 
 def test_a_request_stops_at_eos_and_the_eos_token_ends_its_output(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=2)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2))
     expected = reference(llama.model, [5, 6, 7], 60, ignore_eos=True)
     eos_at = expected[3]
     batcher.eos_ids = frozenset({eos_at})  # pretend the 4th greedy token is the model's EOS
-    request = batcher.add([5, 6, 7], 60)
-    ignoring = batcher.add([5, 6, 7], 10, ignore_eos=True)
+    request = batcher.add([5, 6, 7], RequestParams(60))
+    ignoring = batcher.add([5, 6, 7], RequestParams(10, ignore_eos=True))
     finished = finished_by_id(list(batcher.run()))
     first = expected.index(eos_at)
     assert finished[request.request_id].reason is FinishReason.EOS
@@ -170,12 +173,12 @@ def test_a_request_stops_at_eos_and_the_eos_token_ends_its_output(llama) -> None
 
 
 def test_a_stop_string_ends_the_request(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=2)
-    probe = batcher.add("Hello my name is", 40, ignore_eos=True)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2))
+    probe = batcher.add("Hello my name is", RequestParams(40, ignore_eos=True))
     full_text = finished_by_id(list(batcher.run()))[probe.request_id].text
     stop = full_text[5:8]
     assert stop.strip(), "need a visible stop string"
-    request = batcher.add("Hello my name is", 40, stop_strings=[stop], ignore_eos=True)
+    request = batcher.add("Hello my name is", RequestParams(40, stop_strings=tuple([stop]), ignore_eos=True))
     finished = finished_by_id(list(batcher.run()))[request.request_id]
     assert finished.reason is FinishReason.STOP
     assert stop in finished.text
@@ -183,10 +186,10 @@ def test_a_stop_string_ends_the_request(llama) -> None:
 
 
 def test_a_request_that_raises_inside_sampling_fails_alone(llama, monkeypatch: pytest.MonkeyPatch) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=3)
-    healthy = batcher.add([5, 6, 7], 12, ignore_eos=True)
-    broken = batcher.add([8, 9], 12, sampling=SamplingParams(do_sample=True, seed=1), ignore_eos=True)
-    also_healthy = batcher.add([10, 11], 12, ignore_eos=True)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=3))
+    healthy = batcher.add([5, 6, 7], RequestParams(12, ignore_eos=True))
+    broken = batcher.add([8, 9], RequestParams(12, sampling=SamplingParams(do_sample=True, seed=1), ignore_eos=True))
+    also_healthy = batcher.add([10, 11], RequestParams(12, ignore_eos=True))
     batcher.step()
     sampler = batcher._samplers[broken.request_id]
 
@@ -205,9 +208,9 @@ def test_a_request_that_raises_inside_sampling_fails_alone(llama, monkeypatch: p
 
 
 def test_nan_logits_fail_only_the_affected_row(llama, monkeypatch: pytest.MonkeyPatch) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=2)
-    first = batcher.add([5, 6, 7], 6, ignore_eos=True)
-    second = batcher.add([8, 9], 6, ignore_eos=True)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2))
+    first = batcher.add([5, 6, 7], RequestParams(6, ignore_eos=True))
+    second = batcher.add([8, 9], RequestParams(6, ignore_eos=True))
     forward = batcher.runner.forward
 
     def poisoned(*args, **kwargs):
@@ -229,17 +232,21 @@ def test_sampling_with_a_seed_is_reproducible_and_independent_of_batch_companion
     params = SamplingParams(do_sample=True, temperature=0.9, top_k=50, top_p=0.9, repetition_penalty=1.2, seed=42)
 
     def sample(companions: int) -> list[int]:
-        batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=4)
+        batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=4))
         for i in range(companions):
-            batcher.add([20 + i, 21, 22], 15, sampling=SamplingParams(do_sample=True, seed=i), ignore_eos=True)
-        request = batcher.add([5, 6, 7], 25, sampling=params, ignore_eos=True)
+            batcher.add(
+                [20 + i, 21, 22], RequestParams(15, sampling=SamplingParams(do_sample=True, seed=i), ignore_eos=True)
+            )
+        request = batcher.add([5, 6, 7], RequestParams(25, sampling=params, ignore_eos=True))
         return list(finished_by_id(list(batcher.run()))[request.request_id].output_ids)
 
     alone = sample(0)
     assert sample(0) == alone
     assert sample(3) == alone
-    other_seed = ContinuousBatcher(llama.model, llama.tokenizer)
-    changed = other_seed.add([5, 6, 7], 25, sampling=SamplingParams(do_sample=True, seed=43), ignore_eos=True)
+    other_seed = Batcher(llama.model, llama.tokenizer)
+    changed = other_seed.add(
+        [5, 6, 7], RequestParams(25, sampling=SamplingParams(do_sample=True, seed=43), ignore_eos=True)
+    )
     assert list(finished_by_id(list(other_seed.run()))[changed.request_id].output_ids) != alone
 
 
@@ -259,9 +266,9 @@ def test_sampling_with_a_seed_is_reproducible_and_independent_of_batch_companion
     ],
 )
 def test_bad_input_is_a_clear_value_error(llama, prompt, cap, options, message: str) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_prompt_tokens=256)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_prompt_tokens=256))
     with pytest.raises(ValueError, match=message.replace("(", r"\(")) as caught:
-        batcher.add(prompt, cap, **options)
+        batcher.add(prompt, RequestParams(cap, **options))
     assert "\n" not in str(caught.value)
     assert not batcher.has_work
 
@@ -285,16 +292,16 @@ def test_invalid_sampling_values_are_rejected(field: str, value: float, message:
 
 def test_bad_engine_shapes_are_rejected(llama) -> None:
     with pytest.raises(ValueError, match="max_batch_size=0"):
-        ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=0)
+        Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=0))
     with pytest.raises(ValueError, match="max_batched_tokens=8"):
-        ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=8, max_batched_tokens=8)
+        Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=8, max_batched_tokens=8))
     with pytest.raises(ValueError, match="policy='random'"):
-        ContinuousBatcher(llama.model, llama.tokenizer, policy="random")
+        Batcher(llama.model, llama.tokenizer, BatcherOptions(policy="random"))
 
 
 def test_events_carry_text_deltas_and_metrics_consistent_with_each_other(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=2)
-    requests = [batcher.add("Hello my name is", 9), batcher.add("Cats really like", 5)]
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2))
+    requests = [batcher.add("Hello my name is", RequestParams(9)), batcher.add("Cats really like", RequestParams(5))]
     events = list(batcher.run())
     finished = finished_by_id(events)
     for request in requests:
@@ -333,15 +340,15 @@ def test_no_module_of_the_engine_imports_streamlit() -> None:
 
 
 def test_a_step_event_lists_each_slot_and_never_more_active_than_slots(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=3)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=3))
     for cap in (3, 9, 1, 4, 7):
-        batcher.add([5, 6, 7], cap, ignore_eos=True)
+        batcher.add([5, 6, 7], RequestParams(cap, ignore_eos=True))
     steps = [e for e in batcher.run() if isinstance(e, StepEvent)]
     assert all(len(s.slots) == 3 and 0 < s.active <= 3 for s in steps)
 
 
 def test_finished_event_reports_the_slot_it_used(llama) -> None:
-    batcher = ContinuousBatcher(llama.model, llama.tokenizer, max_batch_size=2)
-    request = batcher.add([5, 6, 7], 3, ignore_eos=True)
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2))
+    request = batcher.add([5, 6, 7], RequestParams(3, ignore_eos=True))
     done = next(e for e in batcher.run() if isinstance(e, FinishedEvent))
     assert done.slot == request.slot == 0

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from batching.continuous import ContinuousBatcher
-from batching.static import StaticBatcher
+from batching.engine.batcher import MODES, Batcher, BatcherOptions
+from batching.engine.params import RequestParams
 from tests.engine_helpers import finished_by_id, loaded, random_prompts, reference
 
 CAPS = [1, 200, 3, 17, 64, 2, 120, 9, 33, 5, 80, 1]
@@ -15,11 +15,16 @@ CAPS = [1, 200, 3, 17, 64, 2, 120, 9, 33, 5, 80, 1]
 
 def _run_with_late_arrivals(batcher, prompts, caps, late_from: int, join_at_step: int) -> dict:
     """Submit the first requests at once and the rest while the batch is already running."""
-    ids = [batcher.add(p, c).request_id for p, c in zip(prompts[:late_from], caps[:late_from], strict=True)]
+    ids = [
+        batcher.add(p, RequestParams(c)).request_id for p, c in zip(prompts[:late_from], caps[:late_from], strict=True)
+    ]
     events = []
     while batcher.has_work or len(ids) < len(prompts):
         if batcher.step_index == join_at_step and len(ids) < len(prompts):
-            ids += [batcher.add(p, c).request_id for p, c in zip(prompts[late_from:], caps[late_from:], strict=True)]
+            ids += [
+                batcher.add(p, RequestParams(c)).request_id
+                for p, c in zip(prompts[late_from:], caps[late_from:], strict=True)
+            ]
         events += batcher.step()
     finished = finished_by_id(events)
     return {i: list(finished[request_id].output_ids) for i, request_id in enumerate(ids)}
@@ -34,9 +39,9 @@ def test_greedy_output_equals_generate_on_each_prompt_alone(tiny_model_dirs, arc
     model = loaded(str(tiny_model_dirs[arch]))
     prompts = random_prompts(len(CAPS), vocab=300, seed=len(arch))
     expected = [reference(model.model, p, c) for p, c in zip(prompts, CAPS, strict=True)]
-    cls = ContinuousBatcher if mode == "continuous" else StaticBatcher
     # A small token budget forces chunked prefill of the longer prompts alongside other rows' decode steps.
-    batcher = cls(model.model, model.tokenizer, max_batch_size=4, max_batched_tokens=24, policy=policy)
+    options = BatcherOptions(max_batch_size=4, max_batched_tokens=24, policy=policy)
+    batcher = Batcher(model.model, model.tokenizer, options, mode=mode)
     outputs = _run_with_late_arrivals(batcher, prompts, CAPS, late_from=7, join_at_step=5)
     for i, want in enumerate(expected):
         assert outputs[i] == want, f"request {i} (prompt {len(prompts[i])} tokens, cap {CAPS[i]}) differs"
@@ -48,11 +53,11 @@ def test_continuous_and_static_give_the_same_text_for_text_prompts(tiny_model_di
     prompts = ["Hello my name is", "The capital of France is", "Cats really like fish and"]
     caps = [12, 30, 7]
     texts = {}
-    for cls in (ContinuousBatcher, StaticBatcher):
-        batcher = cls(model.model, model.tokenizer, max_batch_size=2)
-        ids = [batcher.add(p, c).request_id for p, c in zip(prompts, caps, strict=True)]
+    for mode in MODES:
+        batcher = Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=2), mode=mode)
+        ids = [batcher.add(p, RequestParams(c)).request_id for p, c in zip(prompts, caps, strict=True)]
         finished = finished_by_id(list(batcher.run()))
-        texts[cls.mode] = [finished[i].text for i in ids]
+        texts[mode] = [finished[i].text for i in ids]
         for i, (p, c) in zip(ids, zip(prompts, caps, strict=True), strict=True):
             prompt_ids = model.tokenizer(p)["input_ids"]
             assert list(finished[i].output_ids) == reference(model.model, prompt_ids, c)
@@ -65,11 +70,13 @@ def test_requests_added_from_another_thread_while_running_are_served_correctly(t
     model = loaded(str(tiny_model_dirs["qwen2"]))
     prompts = random_prompts(10, vocab=300, seed=7)
     caps = [random.Random(i).randrange(1, 40) for i in range(10)]
-    batcher = ContinuousBatcher(model.model, model.tokenizer, max_batch_size=3)
-    first = [batcher.add(p, c).request_id for p, c in zip(prompts[:3], caps[:3], strict=True)]
+    batcher = Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=3))
+    first = [batcher.add(p, RequestParams(c)).request_id for p, c in zip(prompts[:3], caps[:3], strict=True)]
     late: list[str] = []
     adder = threading.Thread(
-        target=lambda: late.extend(batcher.add(p, c).request_id for p, c in zip(prompts[3:], caps[3:], strict=True))
+        target=lambda: late.extend(
+            batcher.add(p, RequestParams(c)).request_id for p, c in zip(prompts[3:], caps[3:], strict=True)
+        )
     )
     events = batcher.step()
     adder.start()
@@ -82,16 +89,15 @@ def test_requests_added_from_another_thread_while_running_are_served_correctly(t
 
 @pytest.mark.parametrize("mode", ["continuous", "static"])
 def test_the_embedded_model_gives_generate_output_for_the_customer_support_queue(mode: str) -> None:
-    from batching.workloads import load_workload
+    from batching.bench.workloads import load_workload
     from model.loader import BUILTIN_MODEL_DIR
-    from utils.prompting import format_prompt
+    from model.prompting import format_prompt
 
     model = loaded(str(BUILTIN_MODEL_DIR))
     questions = [r.prompt for r in load_workload("customer-support").requests]
     prompts = [model.tokenizer(format_prompt(q))["input_ids"] for q in questions]
     caps = [40, 1, 120, 8, 64, 33, 2, 90, 16, 50, 25]
-    cls = ContinuousBatcher if mode == "continuous" else StaticBatcher
-    batcher = cls(model.model, model.tokenizer, max_batch_size=4, max_batched_tokens=48)
+    batcher = Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=4, max_batched_tokens=48), mode=mode)
     outputs = _run_with_late_arrivals(batcher, prompts, caps, late_from=8, join_at_step=3)
     for i, (prompt, cap) in enumerate(zip(prompts, caps, strict=True)):
         assert outputs[i] == reference(model.model, prompt, cap), f"{questions[i]!r} differs"

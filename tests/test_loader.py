@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from batching.engine.model_support import model_context_length
 from config.settings import ModelSettings, TokenizerSettings
 from model import loader
 from model.loader import ModelLoadError, load_model, resolve_device, resolve_dtype
@@ -19,7 +20,7 @@ def test_a_tiny_model_saved_to_a_folder_loads_ready_for_inference(tiny_model_dir
     assert not any(p.requires_grad for p in loaded.model.parameters())
     assert loaded.tokenizer.pad_token is not None
     assert loaded.num_parameters > 0
-    assert loaded.context_length == 512
+    assert model_context_length(loaded.model) == 512
 
 
 def test_tokenizer_sides_come_from_settings(tiny_model_dirs) -> None:

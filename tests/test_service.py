@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from batching.continuous import ContinuousBatcher
-from batching.events import FinishedEvent, StepEvent, TokenEvent
-from batching.request import FinishReason, SamplingParams
+from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
+from batching.engine.params import RequestParams, SamplingParams
+from batching.engine.request import FinishReason
 from batching.service import EngineService, QueueFullError, ServiceLimits
 from tests.engine_helpers import loaded, random_prompts, reference
 
@@ -23,7 +24,7 @@ def qwen(tiny_model_dirs):
 @pytest.fixture
 def service(qwen):
     made = EngineService(
-        lambda: ContinuousBatcher(qwen.model, qwen.tokenizer, max_batch_size=8, max_batched_tokens=64),
+        lambda: Batcher(qwen.model, qwen.tokenizer, BatcherOptions(max_batch_size=8, max_batched_tokens=64)),
         ServiceLimits(max_queue_per_session=16, max_queue_total=200, session_timeout_s=30),
     )
     yield made
@@ -45,7 +46,7 @@ def assert_engine_empty(service: EngineService) -> None:
     assert service.in_flight() == 0
     assert batcher.runner.cache.active_rows == 0
     assert batcher.runner.cache.held_requests == ()
-    assert batcher.running == {} and len(batcher.waiting) == 0
+    assert batcher.running == {} and len(batcher.scheduler.waiting) == 0
 
 
 def test_eight_clients_sixteen_requests_each_with_random_cancellations(service, qwen) -> None:
@@ -59,7 +60,10 @@ def test_eight_clients_sixteen_requests_each_with_random_cancellations(service, 
             session = service.open_session()
             prompts = random_prompts(16, vocab=300, seed=100 + index, longest=20)
             caps = [rng.randrange(1, 40) for _ in prompts]
-            requests = [session.submit(p, c, ignore_eos=rng.random() < 0.5) for p, c in zip(prompts, caps, strict=True)]
+            requests = [
+                session.submit(p, RequestParams(c, ignore_eos=rng.random() < 0.5))
+                for p, c in zip(prompts, caps, strict=True)
+            ]
             doomed = {r.request_id for r in rng.sample(requests, 3)}
             events = session.poll(timeout=0.05)
             for request_id in doomed:
@@ -92,7 +96,9 @@ def test_eight_clients_sixteen_requests_each_with_random_cancellations(service, 
                 assert request.request_id in result["doomed"]
                 continue
             assert done.reason in (FinishReason.EOS, FinishReason.LENGTH)
-            expected = reference(qwen.model, request.prompt_ids, request.max_new_tokens, ignore_eos=request.ignore_eos)
+            expected = reference(
+                qwen.model, request.prompt_ids, request.max_new_tokens, ignore_eos=request.params.ignore_eos
+            )
             assert list(done.output_ids) == expected
     assert max(s.active for s in all_steps) == 8, "requests of different clients shared the batch"
     shared = [s for s in all_steps if len({rid.split("/")[0] for rid in s.slots if rid}) > 1]
@@ -102,19 +108,19 @@ def test_eight_clients_sixteen_requests_each_with_random_cancellations(service, 
 
 def test_requests_beyond_the_session_limit_are_refused_with_a_message(qwen) -> None:
     service = EngineService(
-        lambda: ContinuousBatcher(qwen.model, qwen.tokenizer, max_batch_size=2),
+        lambda: Batcher(qwen.model, qwen.tokenizer, BatcherOptions(max_batch_size=2)),
         ServiceLimits(max_queue_per_session=3, max_queue_total=5),
     )
     try:
         first, second = service.open_session(), service.open_session()
         for _ in range(3):
-            first.submit([5, 6, 7], 200, ignore_eos=True)
+            first.submit([5, 6, 7], RequestParams(200, ignore_eos=True))
         with pytest.raises(QueueFullError, match="max_queue_per_session=3"):
-            first.submit([5, 6, 7], 5)
-        second.submit([5, 6], 200, ignore_eos=True)
-        second.submit([5, 6], 200, ignore_eos=True)
+            first.submit([5, 6, 7], RequestParams(5))
+        second.submit([5, 6], RequestParams(200, ignore_eos=True))
+        second.submit([5, 6], RequestParams(200, ignore_eos=True))
         with pytest.raises(QueueFullError, match="max_queue_total=5"):
-            second.submit([5, 6], 5)
+            second.submit([5, 6], RequestParams(5))
         assert len(first.pending) == 3 and len(second.pending) == 2
         first.cancel_all()
         second.cancel_all()
@@ -128,20 +134,20 @@ def test_requests_beyond_the_session_limit_are_refused_with_a_message(qwen) -> N
 def test_bad_input_is_refused_without_touching_the_engine(service) -> None:
     session = service.open_session()
     with pytest.raises(ValueError, match="prompt is empty"):
-        session.submit("", 5)
+        session.submit("", RequestParams(5))
     with pytest.raises(ValueError, match="max_new_tokens=0"):
-        session.submit([5], 0)
+        session.submit([5], RequestParams(0))
     assert not session.pending and service.in_flight() == 0
 
 
 def test_a_session_that_stops_polling_has_its_requests_cancelled(qwen) -> None:
     service = EngineService(
-        lambda: ContinuousBatcher(qwen.model, qwen.tokenizer, max_batch_size=2),
+        lambda: Batcher(qwen.model, qwen.tokenizer, BatcherOptions(max_batch_size=2)),
         ServiceLimits(session_timeout_s=0.3),
     )
     try:
         gone = service.open_session()
-        requests = [gone.submit([5, 6, 7], 400, ignore_eos=True) for _ in range(4)]
+        requests = [gone.submit([5, 6, 7], RequestParams(400, ignore_eos=True)) for _ in range(4)]
         deadline = time.monotonic() + 10
         while service.sessions and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -153,7 +159,7 @@ def test_a_session_that_stops_polling_has_its_requests_cancelled(qwen) -> None:
 
 
 def test_an_exception_inside_one_request_fails_it_and_the_others_go_on(service, qwen, monkeypatch) -> None:
-    import batching.sampling as sampling
+    import batching.engine.sampling as sampling
 
     real_choose = sampling.RequestSampler.choose
 
@@ -164,8 +170,8 @@ def test_an_exception_inside_one_request_fails_it_and_the_others_go_on(service, 
 
     monkeypatch.setattr(sampling.RequestSampler, "choose", choose)
     session = service.open_session()
-    bad = session.submit([5, 6, 7], 10, sampling=SamplingParams(do_sample=True, seed=666))
-    good = session.submit([8, 9], 10, ignore_eos=True)
+    bad = session.submit([5, 6, 7], RequestParams(10, sampling=SamplingParams(do_sample=True, seed=666)))
+    good = session.submit([8, 9], RequestParams(10, ignore_eos=True))
     finished = {e.request_id: e for e in drain(session) if isinstance(e, FinishedEvent)}
     assert finished[bad.request_id].reason is FinishReason.ERROR
     assert "tokenizer exploded" in finished[bad.request_id].error
@@ -181,18 +187,18 @@ def test_a_dead_engine_thread_fails_its_requests_and_restarts_on_the_next_page_l
         raise MemoryError("simulated crash of the engine thread")
 
     monkeypatch.setattr(batcher, "step", die)
-    request = session.submit([5, 6, 7], 50)
+    request = session.submit([5, 6, 7], RequestParams(50))
     events = drain(session, until=10)
     finished = [e for e in events if isinstance(e, FinishedEvent)]
     assert [e.request_id for e in finished] == [request.request_id]
     assert finished[0].reason is FinishReason.ERROR and "engine stopped" in finished[0].error
     assert not service.alive
     with pytest.raises(RuntimeError, match="reload the page"):
-        session.submit([5], 3)
+        session.submit([5], RequestParams(3))
 
     assert service.ensure_running() is True
     assert service.alive and service.restarts == 1 and service.batcher is not batcher
     assert service.ensure_running() is False
-    again = session.submit([5, 6, 7], 4, ignore_eos=True)
+    again = session.submit([5, 6, 7], RequestParams(4, ignore_eos=True))
     done = [e for e in drain(session) if isinstance(e, FinishedEvent)]
     assert done[0].request_id == again.request_id and done[0].reason is FinishReason.LENGTH

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from batching.workloads import (
+from batching.bench.workloads import (
     RANDOM_NAME,
     LengthRange,
     builtin_workload_names,

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from model.prompting import extract_answer
 from utils.metrics import RunRecord, RunSummary, requests_frame, steps_frame, summarize
-from utils.prompting import extract_answer
 
 # (row label, RunSummary attribute, how to show it)
 _FIGURES = (

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
-from batching.events import Event, FinishedEvent, StepEvent, TokenEvent
+from batching.runs import RunRecord
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -22,36 +22,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     low = math.floor(rank)
     high = min(low + 1, len(clean) - 1)
     return clean[low] + (clean[high] - clean[low]) * (rank - low)
-
-
-@dataclass
-class RunRecord:
-    """Everything one batcher emitted during one run, with the run's own start time (all times are relative to it)."""
-
-    mode: str
-    start: float
-    end: float = math.nan
-    steps: list[StepEvent] = field(default_factory=list)
-    finished: list[FinishedEvent] = field(default_factory=list)
-    tokens: list[TokenEvent] = field(default_factory=list)
-    slots: int = 0
-
-    def add(self, event: Event) -> None:
-        if isinstance(event, StepEvent):
-            self.steps.append(event)
-            self.slots = max(self.slots, len(event.slots))
-        elif isinstance(event, FinishedEvent):
-            self.finished.append(event)
-        else:
-            self.tokens.append(event)
-
-    def extend(self, events: Iterable[Event]) -> None:
-        for event in events:
-            self.add(event)
-
-    @property
-    def wall_s(self) -> float:
-        return self.end - self.start
 
 
 def requests_frame(run: RunRecord, order: Sequence[str] | None = None) -> pd.DataFrame:

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from batching.arrivals import ArrivalDriver, Schedule, drive
-from batching.engine import Batcher
-from batching.events import Event, FinishedEvent, StepEvent, TokenEvent
-from batching.request import FinishReason, SamplingParams
-from utils.metrics import RunRecord
-from utils.prompting import extract_answer
+from batching.arrivals import Schedule
+from batching.engine.batcher import Batcher
+from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
+from batching.engine.params import RequestParams, SamplingParams
+from batching.engine.request import FinishReason, Request
+from batching.runs import RunRecord, ScheduledRun
+from model.prompting import extract_answer
 
 # Raises ValueError with a clear message when a prompt (with its cap) cannot run on the model.
 Check = Callable[[str, int], None]
@@ -325,19 +326,14 @@ class LiveRun:
         """
         views = [view for view in self.views if view.request_id is not None]
 
-        def submit(index: int, arrival: float) -> None:
+        def build(index: int, arrival: float) -> Request:
             view = views[index]
-            request = batcher.builder.build(
-                view.formatted, view.max_new_tokens, self.sampling, request_id=view.request_id, arrival=arrival
-            )
-            batcher.submit(request)
+            params = RequestParams(view.max_new_tokens, self.sampling)
+            return batcher.builder.build(view.formatted, params, request_id=view.request_id, arrival=arrival)
 
-        driver = ArrivalDriver(Schedule.timed([view.offset_s for view in views]), submit)
-        record = RunRecord(batcher.mode, driver.start())
-        for event in drive(batcher, driver):
-            record.add(event)
-            yield event
-        record.end = max((event.finished for event in record.finished), default=record.start)
+        scheduled = ScheduledRun(batcher, Schedule.timed([view.offset_s for view in views]), build)
+        yield from scheduled.events()
+        record = scheduled.record
         best = self.replays.get(batcher.mode)
         if best is None or record.wall_s < best.wall_s:
             self.replays[batcher.mode] = record

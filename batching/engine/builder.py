@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from batching.request import Request, SamplingParams
+from batching.engine.params import RequestParams
+from batching.engine.request import Request
 
 _ids = itertools.count(1)
 
@@ -24,11 +25,17 @@ class RequestBuilder:
         self.context_length = context_length
         self.max_prompt_tokens = min(max_prompt_tokens, context_length - 1)
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The largest cap any prompt can have (a one-token prompt)."""
+        return self.context_length - 1
+
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("prompt is empty: type some text")
-            return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            ids: list[int] = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+            return ids
         ids = [int(token) for token in prompt]
         if not ids:
             raise ValueError("prompt is empty: give at least one token id")
@@ -41,36 +48,22 @@ class RequestBuilder:
     def build(
         self,
         prompt: str | Sequence[int],
-        max_new_tokens: int,
-        sampling: SamplingParams | None = None,
-        stop_strings: Sequence[str] = (),
+        params: RequestParams,
         request_id: str | None = None,
-        ignore_eos: bool = False,
         arrival: float | None = None,
     ) -> Request:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r} is not allowed: must be a whole number >= 1")
         prompt_ids = self.tokenize(prompt)
         if len(prompt_ids) > self.max_prompt_tokens:
             raise ValueError(
                 f"prompt has {len(prompt_ids)} tokens, more than the {self.max_prompt_tokens} allowed: shorten it"
             )
         room = self.context_length - len(prompt_ids)
-        if max_new_tokens > room:
+        if params.max_new_tokens > room:
             raise ValueError(
-                f"max_new_tokens={max_new_tokens} is too large: the prompt has {len(prompt_ids)} tokens and the "
-                f"model's context is {self.context_length}, so at most {room}"
+                f"max_new_tokens={params.max_new_tokens} is too large: the prompt has {len(prompt_ids)} tokens and "
+                f"the model's context is {self.context_length}, so at most {room}"
             )
-        if any(not isinstance(stop, str) or not stop for stop in stop_strings):
-            raise ValueError(f"stop_strings={list(stop_strings)!r} is not allowed: each must be a non-empty string")
-        fields = {"arrival": arrival} if arrival is not None else {}
-        return Request(
-            request_id=request_id or f"r{next(_ids)}",
-            prompt_ids=prompt_ids,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling or SamplingParams(),
-            stop_strings=tuple(stop_strings),
-            prompt_text=prompt if isinstance(prompt, str) else None,
-            ignore_eos=ignore_eos,
-            **fields,
-        )
+        request = Request(request_id=request_id or f"r{next(_ids)}", prompt_ids=prompt_ids, params=params)
+        if arrival is not None:
+            request.times.arrival = arrival
+        return request

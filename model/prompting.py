@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a friendly customer-support assistant for an online shop. Answer the customer's question."
-)
-DEFAULT_TEMPLATE = "{system_prompt}\n\nQ: {prompt}\nA:"
+from config.settings import DEFAULT_SYSTEM_PROMPT, DEFAULT_TEMPLATE
 
 # Where an answer ends if the model goes on to invent the next turn.
 _TURN_MARKERS = ("\nQ:",)

@@ -11,8 +11,9 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
+from batching.runs import RunRecord
 from utils.charts import latency_bars_frame, latency_chart, occupancy_chart, occupancy_frame
-from utils.metrics import RunRecord, requests_frame
+from utils.metrics import requests_frame
 
 
 def latency_frame(run: RunRecord) -> pd.DataFrame:

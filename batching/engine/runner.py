@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import PreTrainedModel
 
-from batching.kv_cache import SlotKVCache, StepPlan
-from batching.packed_attention import PLAN_KWARG, ChunkPlan, PackedPlan, use_packed_attention
+from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, use_packed_attention
+from batching.engine.kv_cache import SlotKVCache, StepPlan
 
 
 class ModelRunner:
@@ -31,8 +33,21 @@ class ModelRunner:
         self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         use_packed_attention(model)
 
+    # --- cache rows: the runner is the only way into the cache -------------------------------------------------
+    def claim(self, request_id: str) -> int:
+        """Give a request the next free cache row."""
+        return self.cache.claim(request_id)
+
+    def release(self, request_id: str) -> None:
+        """Free a request's row (the last row moves into it)."""
+        self.cache.release(request_id)
+
+    def row_owners(self) -> list[str]:
+        """The request in each cache row in use, in row order: the order `forward` takes its rows in."""
+        return [owner for owner in self.cache.owners() if owner is not None]
+
     @torch.inference_mode()
-    def forward(self, row_tokens: list[list[int]], new_padding: list[int] | None = None) -> torch.Tensor:
+    def forward(self, row_tokens: Sequence[list[int]], new_padding: Sequence[int] | None = None) -> torch.Tensor:
         """Run one step; returns float32 logits `[rows, vocab]` at each row's last new token.
 
         `new_padding[r]` > 0 says the first tokens of row r are left padding (the static baseline's waves).

@@ -1,6 +1,6 @@
 """The Q/A template and the answer extractor."""
 
-from utils.prompting import DEFAULT_SYSTEM_PROMPT, extract_answer, format_prompt
+from model.prompting import DEFAULT_SYSTEM_PROMPT, extract_answer, format_prompt
 
 
 def test_prompt_has_system_prompt_blank_line_question_and_answer_cue() -> None:

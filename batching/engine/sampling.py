@@ -11,7 +11,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from batching.request import Request, SamplingParams
+from batching.engine.params import SamplingParams
+from batching.engine.request import Request
 
 
 def build_processors(params: SamplingParams) -> LogitsProcessorList:
@@ -62,4 +63,4 @@ def finite_rows(logits: torch.Tensor) -> list[bool]:
 
 def sampler_for(request: Request, device: torch.device) -> RequestSampler | None:
     """A sampler when the request needs more than argmax; None keeps it on the batched greedy path."""
-    return RequestSampler(request.sampling, device) if request.sampling.needs_processing else None
+    return RequestSampler(request.params.sampling, device) if request.params.sampling.needs_processing else None

@@ -8,16 +8,13 @@ import platform
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import transformers
 
+from batching.bench.plan import ModeRun, Plan
 from model.loader import LoadedModel
 from utils.metrics import percentile, summarize
-
-if TYPE_CHECKING:
-    from batching.bench import ModeRun, Plan
 
 
 def speedup_figures(
@@ -112,7 +109,7 @@ def mode_report(run: ModeRun, plan: Plan, runs: Sequence[ModeRun]) -> dict:
         summary["steps"] = summary["mean_occupancy"] = None
     return {
         **summary,
-        "policy": {"static": "fcfs", "hf": "fifo"}.get(run.record.mode, plan.policy),
+        "policy": {"static": "fcfs", "hf": "fifo"}.get(run.record.mode, plan.options.policy),
         "cpu_s": run.cpu_s,
         "requests_finished": len(run.record.finished),
         "wall_s_runs": [other.record.wall_s for other in runs],

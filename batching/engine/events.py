@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batching.request import FinishReason
+from batching.engine.request import FinishReason
 
 
 @dataclass(frozen=True)

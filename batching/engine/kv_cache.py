@@ -1,8 +1,11 @@
-"""The KV cache: one preallocated tensor pair per layer, one row per slot, owned here and nowhere else.
+"""The KV cache: one preallocated tensor pair per layer, one row per running request, owned here and nowhere else.
 
-Rows in use are always the contiguous prefix `[0, active_rows)`, so attention reads a view of the cache, never
-a gathered copy. Freeing a row moves the last row into the hole: the work is one request's keys and values.
-Each row keeps its own length; columns that hold padding are marked blocked and masked out.
+Slot and row are different numbers on purpose. A request's *slot* is its place in the batch, fixed from
+admission to release (what the page draws). Its *row* is where its keys and values sit in this cache: rows in
+use are always the contiguous prefix `[0, active_rows)`, so attention reads a view of the cache, never a
+gathered copy. Freeing a row moves the last row into the hole (the work is one request's keys and values), so
+a request's row can change when another one finishes. Each row keeps its own length; columns that hold padding
+are marked blocked and masked out.
 """
 
 from __future__ import annotations
@@ -123,6 +126,10 @@ class SlotKVCache(Cache):
 
     def owner_of(self, row: int) -> str | None:
         return self._owner_of[row]
+
+    def owners(self) -> list[str | None]:
+        """The request in each row in use, in row order."""
+        return self._owner_of[: self.active_rows]
 
     @torch.inference_mode()
     def mark_padding(self, row: int, columns: int) -> None:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,15 +23,11 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from batching.arrivals import ArrivalDriver, Schedule, drive
-from batching.bench_report import compare, format_report, json_safe, machine_info, mode_report
-from batching.continuous import ContinuousBatcher
-from batching.engine import Batcher, eos_token_ids
-from batching.events import FinishedEvent, StepEvent
-from batching.hf_peer import HFPeer
-from batching.scheduler import POLICIES
-from batching.static import StaticBatcher
-from batching.workloads import (
+from batching.arrivals import Schedule
+from batching.bench.hf_peer import HFPeer
+from batching.bench.plan import ModeRun, Plan
+from batching.bench.report import compare, format_report, json_safe, machine_info, mode_report
+from batching.bench.workloads import (
     DISTRIBUTIONS,
     RANDOM_NAME,
     LengthRange,
@@ -40,13 +35,18 @@ from batching.workloads import (
     load_workload,
     random_workload,
 )
+from batching.engine.batcher import MODES as BATCHER_MODES
+from batching.engine.batcher import Batcher, BatcherOptions, eos_token_ids, request_builder
+from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.params import RequestParams
+from batching.engine.request import Request
+from batching.engine.scheduler import POLICIES
+from batching.runs import ScheduledRun
 from config.settings import Settings, SettingsError, load_settings
 from model.loader import LoadedModel, ModelLoadError, load_model
-from utils.metrics import RunRecord
-from utils.prompting import format_prompt
+from model.prompting import format_prompt
 
 MODES = ("static", "continuous", "hf")
-BATCHERS: dict[str, type[Batcher]] = {"static": StaticBatcher, "continuous": ContinuousBatcher}
 WARM_UP_TOKENS = 4
 
 
@@ -84,33 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", type=Path, help="write occupancy and latency charts here (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything a run needs, validated: token ids and caps in workload order, the arrival schedule."""
-
-    workload: Workload
-    modes: tuple[str, ...]
-    prompt_ids: tuple[tuple[int, ...], ...]
-    caps: tuple[int, ...]
-    schedule: Schedule
-    batch_size: int
-    max_batched_tokens: int
-    policy: str
-    max_prompt_tokens: int
-    max_seq_len: int
-    ignore_eos: bool
-
-
-@dataclass
-class ModeRun:
-    """One timed run of one mode: its events, the longest sequence in each step (for step-time statistics), and
-    the CPU time the process used (well below the wall time when other work on the machine took the CPU)."""
-
-    record: RunRecord
-    kv_lens: list[int] = field(default_factory=list)
-    cpu_s: float = math.nan
 
 
 # --- inputs -------------------------------------------------------------------------------------------------------
@@ -153,7 +126,7 @@ def check_flags(args: argparse.Namespace) -> Inputs:
             )
         else:
             workload = load_workload(args.workload)
-        schedule = Schedule.for_workload(workload, args.rate, args.seed)
+        schedule = workload.schedule(args.rate, args.seed)
     except ValueError as exc:
         raise BenchError(str(exc)) from None
     return Inputs(modes, workload, schedule)
@@ -162,28 +135,24 @@ def check_flags(args: argparse.Namespace) -> Inputs:
 def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel, inputs: Inputs) -> Plan:
     """Tokenise the workload and check each request against the model's context; raises BenchError."""
     workload = inputs.workload
-    batch_size = args.batch_size or workload.batch_size
-    max_batched_tokens = args.max_batched_tokens or settings.batching.max_batched_tokens
-    policy = args.policy or settings.batching.policy
     default_cap = args.max_new_tokens or settings.generation.max_new_tokens
     try:
-        checker = ContinuousBatcher(
-            loaded.model,
-            loaded.tokenizer,
-            max_batch_size=batch_size,
-            max_batched_tokens=max_batched_tokens,
-            policy=policy,
+        options = BatcherOptions(
+            max_batch_size=args.batch_size or workload.batch_size,
+            max_batched_tokens=args.max_batched_tokens or settings.batching.max_batched_tokens,
+            policy=args.policy or settings.batching.policy,
             max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
             max_seq_len=settings.batching.max_seq_len,
         )
     except ValueError as exc:  # batch size or token budget out of range
         raise BenchError(str(exc)) from None
+    builder = request_builder(loaded.model, loaded.tokenizer, options)
     prompt_ids, caps = [], []
     for index, item in enumerate(workload.requests):
         text = item.prompt if args.raw_prompts else format_prompt(item.prompt, *_template(settings))
         cap = item.max_new_tokens or default_cap
         try:
-            request = checker.make_request(text, cap)
+            request = builder.build(text, RequestParams(cap))
         except ValueError as exc:
             raise BenchError(f"workload {workload.name} request {index}: {exc}") from None
         prompt_ids.append(tuple(request.prompt_ids))
@@ -194,11 +163,7 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
         prompt_ids=tuple(prompt_ids),
         caps=tuple(caps),
         schedule=inputs.schedule,
-        batch_size=batch_size,
-        max_batched_tokens=max_batched_tokens,
-        policy=policy,
-        max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
-        max_seq_len=settings.batching.max_seq_len,
+        options=options,
         ignore_eos=args.ignore_eos,
     )
 
@@ -210,40 +175,21 @@ def _template(settings: Settings) -> tuple[str, str]:
 # --- running ------------------------------------------------------------------------------------------------------
 def run_batcher(mode: str, loaded: LoadedModel, plan: Plan, progress: tqdm | None = None) -> ModeRun:
     """One run of our static or continuous batcher on a fresh batcher (fresh slots, same model)."""
-    batcher = BATCHERS[mode](
-        loaded.model,
-        loaded.tokenizer,
-        max_batch_size=plan.batch_size,
-        max_batched_tokens=plan.max_batched_tokens,
-        policy=plan.policy,
-        max_prompt_tokens=plan.max_prompt_tokens,
-        max_seq_len=plan.max_seq_len,
-    )
-    requests = {}
+    batcher = Batcher(loaded.model, loaded.tokenizer, plan.options, mode=mode)
 
-    def submit(index: int, arrival: float) -> None:
-        request_id = f"q{index}"
-        request = batcher.builder.build(
-            list(plan.prompt_ids[index]),
-            plan.caps[index],
-            ignore_eos=plan.ignore_eos,
-            request_id=request_id,
-            arrival=arrival,
-        )
-        requests[request_id] = batcher.submit(request)
+    def build(index: int, arrival: float) -> Request:
+        params = RequestParams(plan.caps[index], ignore_eos=plan.ignore_eos)
+        return batcher.builder.build(list(plan.prompt_ids[index]), params, request_id=f"q{index}", arrival=arrival)
 
-    driver = ArrivalDriver(plan.schedule, submit)
-    run = ModeRun(RunRecord(mode=mode, start=driver.start()))
-    for event in drive(batcher, driver):
-        run.record.add(event)
+    scheduled = ScheduledRun(batcher, plan.schedule, build)
+    kv_lens = []
+    for event in scheduled.events():
         if isinstance(event, StepEvent):
-            run.kv_lens.append(
-                max(len(requests[rid].prompt_ids) + len(requests[rid].output_ids) for rid in event.slots if rid)
-            )
+            requests = scheduled.requests
+            kv_lens.append(max(len(requests[rid].all_ids) for rid in event.slots if rid))
         elif isinstance(event, FinishedEvent) and progress is not None:
             progress.update(1)
-    run.record.end = time.perf_counter()
-    return run
+    return ModeRun(scheduled.record, kv_lens)
 
 
 def warm_up(plan: Plan, loaded: LoadedModel, peer: HFPeer | None) -> None:
@@ -256,7 +202,7 @@ def warm_up(plan: Plan, loaded: LoadedModel, peer: HFPeer | None) -> None:
         schedule=Schedule.at_once(count),
     )
     for mode in plan.modes:
-        if mode in BATCHERS:
+        if mode in BATCHER_MODES:
             run_batcher(mode, loaded, short)
     if peer is not None:
         peer.warm_up(plan.prompt_ids[0], WARM_UP_TOKENS)
@@ -308,8 +254,8 @@ def start_peer(args: argparse.Namespace, settings: Settings, plan: Plan) -> HFPe
     return HFPeer(
         own.model,
         own.tokenizer,
-        batch_size=plan.batch_size,
-        max_batched_tokens=plan.max_batched_tokens,
+        batch_size=plan.options.max_batch_size,
+        max_batched_tokens=plan.options.max_batched_tokens,
         max_len=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),
         eos_ids=eos_token_ids(own.model, own.tokenizer),
     )
@@ -343,18 +289,23 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> 
         "model": loaded.name,
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
-        "batch_size": plan.batch_size,
-        "policy": plan.policy,
-        "max_batched_tokens": plan.max_batched_tokens,
+        "batch_size": plan.options.max_batch_size,
+        "policy": plan.options.policy,
+        "max_batched_tokens": plan.options.max_batched_tokens,
         "ignore_eos": plan.ignore_eos,
         "repeat": args.repeat,
         "machine": machine_info(loaded),
         "modes": modes,
     }
     if args.plot:
-        from batching.bench_plot import save_plot
+        from batching.bench.plot import save_plot
 
-        save_plot({mode: run.record for mode, run in medians.items()}, plan.batch_size, args.plot, plan.workload.name)
+        save_plot(
+            {mode: run.record for mode, run in medians.items()},
+            plan.options.max_batch_size,
+            args.plot,
+            plan.workload.name,
+        )
     return result
 
 
@@ -370,7 +321,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(json_safe(result), indent=1, allow_nan=False), encoding="utf-8")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Reference workloads (shipped in `batching/workloads/`), and loading a workload from a JSON or CSV file."""
+"""Reference workloads (in `reference_workloads/` beside this file), and loading a workload from a JSON or CSV file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKLOAD_DIR = Path(__file__).resolve().parent / "workloads"
+from batching.arrivals import Schedule
+
+WORKLOAD_DIR = Path(__file__).resolve().parent / "reference_workloads"
 RANDOM_NAME = "random"
 DISTRIBUTIONS = ("uniform", "exponential", "lognormal")
 # The vocabulary of random prompts: shop words, so the embedded model sees familiar tokens.
@@ -38,6 +40,20 @@ class Workload:
     batch_size: int = 8
     source: str = ""
     extra: dict = field(default_factory=dict)
+
+    def schedule(self, rate_per_s: float | None = None, seed: int = 0) -> Schedule:
+        """Poisson when a rate is given; else the requests' `arrival_step`s, else their `arrival_s`, else at once.
+
+        A request without a step (or time) in a workload that gives them to others arrives at step 0 (time 0).
+        """
+        requests = self.requests
+        if rate_per_s is not None:
+            return Schedule.poisson(len(requests), rate_per_s, seed)
+        if any(request.arrival_step is not None for request in requests):
+            return Schedule.per_step([request.arrival_step or 0 for request in requests])
+        if any(request.arrival_s is not None for request in requests):
+            return Schedule.timed([request.arrival_s or 0.0 for request in requests])
+        return Schedule.at_once(len(requests))
 
 
 def builtin_workload_names() -> list[str]:

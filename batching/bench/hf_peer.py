@@ -19,9 +19,9 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from batching.arrivals import AT_ONCE, ArrivalDriver, Schedule
-from batching.events import FinishedEvent, StepEvent
-from batching.request import FinishReason
-from utils.metrics import RunRecord
+from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.request import FinishReason
+from batching.runs import RunRecord
 
 logger = logging.getLogger(__name__)
 

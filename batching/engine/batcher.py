@@ -1,0 +1,305 @@
+"""The batcher: submission and cancellation, and the step loop that runs what its scheduler decides.
+
+`step()` is schedule -> run -> sample -> postprocess -> event. Everything but the scheduler (the model runner,
+sampling, finishing, events) is the same for continuous and static batching, so a comparison measures scheduling
+alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from batching.engine.builder import RequestBuilder
+from batching.engine.detokenizer import IncrementalDetokenizer
+from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
+from batching.engine.model_support import model_context_length
+from batching.engine.params import RequestParams
+from batching.engine.request import FinishReason, Request, RequestState
+from batching.engine.runner import ModelRunner
+from batching.engine.sampling import RequestSampler, finite_rows, greedy_tokens, sampler_for
+from batching.engine.scheduler import ContinuousScheduler, ScheduledBatch, Scheduler, StaticScheduler, check_policy
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+MODES = ("continuous", "static")
+
+
+@dataclass(frozen=True)
+class BatcherOptions:
+    """The shape of a batcher: slots, per-step token budget, admission order, and the longest sequences.
+
+    The engine checks only what it needs to run; upper bounds a person may choose are the settings' business.
+    """
+
+    max_batch_size: int = 8
+    max_batched_tokens: int = 512
+    policy: str = "fcfs"
+    max_seq_len: int = 2048
+    max_prompt_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size={self.max_batch_size} is not allowed: must be >= 1")
+        if self.max_batched_tokens <= self.max_batch_size:
+            raise ValueError(
+                f"max_batched_tokens={self.max_batched_tokens} is not allowed: must exceed max_batch_size="
+                f"{self.max_batch_size}, so prompts still get prefilled while every slot decodes"
+            )
+        check_policy(self.policy)
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The ids that end a request: the generation config's EOS (one or several), else the tokenizer's."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+def request_builder(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, options: BatcherOptions
+) -> RequestBuilder:
+    """What a batcher with these options accepts: the same checks, without a cache (for the page's validation)."""
+    context = min(model_context_length(model), options.max_seq_len)
+    return RequestBuilder(tokenizer, context, options.max_prompt_tokens)
+
+
+class Batcher:
+    """Continuous or static batching of one model. Drive it with `step()` or iterate `run()`.
+
+    `submit` and `cancel` may be called from any thread; `step` from one thread at a time.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        options: BatcherOptions | None = None,
+        mode: str = "continuous",
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        options = options or BatcherOptions()
+        self.options = options
+        self.model = model
+        self.tokenizer = tokenizer
+        self.clock = clock
+        self.builder = request_builder(model, tokenizer, options)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad_token_id = int(pad or 0)
+        self.scheduler: Scheduler
+        if mode == "continuous":
+            self.scheduler = ContinuousScheduler(options.max_batched_tokens, options.policy)
+        elif mode == "static":
+            self.scheduler = StaticScheduler(pad_token_id)
+        else:
+            raise ValueError(f"mode={mode!r} is not allowed: choose one of {', '.join(MODES)}")
+        self.mode = mode
+        self.runner = ModelRunner(
+            model, capacity=options.max_batch_size, max_len=self.builder.context_length, pad_token_id=pad_token_id
+        )
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.slots: list[Request | None] = [None] * options.max_batch_size
+        self.running: dict[str, Request] = {}
+        self.step_index = 0
+        self._inbox: deque[Request] = deque()
+        self._cancels: deque[str] = deque()
+        self._lock = threading.Lock()
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._samplers: dict[str, RequestSampler | None] = {}
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.options.max_batch_size
+
+    # --- submission (any thread) -------------------------------------------------------------------------
+    def make_request(
+        self, prompt: str | Sequence[int], params: RequestParams, request_id: str | None = None
+    ) -> Request:
+        """Validate and tokenise; raises `ValueError` naming the bad value."""
+        return self.builder.build(prompt, params, request_id)
+
+    def submit(self, request: Request) -> Request:
+        """Queue a request; it joins at the start of the next step."""
+        with self._lock:
+            self._inbox.append(request)
+        return request
+
+    def add(self, prompt: str | Sequence[int], params: RequestParams, request_id: str | None = None) -> Request:
+        """Build and submit in one call."""
+        return self.submit(self.make_request(prompt, params, request_id))
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a waiting or running request; it finishes with reason `cancelled` at the next step."""
+        with self._lock:
+            self._cancels.append(request_id)
+
+    # --- the loop -------------------------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self._inbox or self._cancels or len(self.scheduler.waiting) or self.running)
+
+    def run(self) -> Iterator[Event]:
+        """Step until every submitted request has finished, yielding events as they happen."""
+        while self.has_work:
+            yield from self.step()
+
+    def step(self) -> list[Event]:
+        """One forward pass over the rows the scheduler picks; returns what happened."""
+        events = self._take_inbox()
+        self._admit()
+        if not self.running:
+            return events
+        batch = self.scheduler.schedule([self.running[rid] for rid in self.runner.row_owners()])
+        occupants = tuple(request.request_id if request else None for request in self.slots)
+        held = tuple(rid for rid in occupants if rid is not None and self.running[rid].is_finished)
+        prefill, decode = batch.work()
+        start = self.clock()
+        logits = self._forward(batch, events)
+        if logits is not None:
+            self._postprocess(batch, logits, events)
+        if self.scheduler.wave_over(list(self.running.values())):
+            for request in list(self.running.values()):
+                self._release(request)
+        if logits is None:
+            return events
+        events.append(StepEvent(self.step_index, start, self.clock(), occupants, prefill, decode, held))
+        self.step_index += 1
+        return events
+
+    # --- the parts of a step ------------------------------------------------------------------------------------
+    def _take_inbox(self) -> list[Event]:
+        """New requests join the waiting queue; cancelled ones finish."""
+        events: list[Event] = []
+        with self._lock:
+            arrivals, self._inbox = list(self._inbox), deque()
+            cancels, self._cancels = list(self._cancels), deque()
+        for request in arrivals:
+            self.scheduler.waiting.push(request)
+        for request_id in cancels:
+            waiting = self.scheduler.waiting.remove(request_id)
+            if waiting is not None:
+                self._finish(waiting, FinishReason.CANCELLED, events)
+            elif request_id in self.running and not self.running[request_id].is_finished:
+                self._finish(self.running[request_id], FinishReason.CANCELLED, events)
+        return events
+
+    def _admit(self) -> None:
+        """Give the requests the scheduler admits a slot and a cache row."""
+        free = [slot for slot, occupant in enumerate(self.slots) if occupant is None]
+        for request, slot in self.scheduler.admit(free, len(self.running)):
+            self.runner.claim(request.request_id)
+            request.slot = slot
+            request.state = RequestState.PREFILLING
+            request.times.admitted = self.clock()
+            self.slots[slot] = request
+            self.running[request.request_id] = request
+            self._detokenizers[request.request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
+            self._samplers[request.request_id] = sampler_for(request, self.runner.device)
+
+    def _forward(self, batch: ScheduledBatch, events: list[Event]) -> torch.Tensor | None:
+        """The model's forward pass; if it fails, no request can be blamed alone, so all running ones fail."""
+        try:
+            return self.runner.forward(batch.tokens, batch.padding)
+        except Exception as exc:
+            logger.exception("forward pass failed")
+            for request in list(self.running.values()):
+                if not request.is_finished:
+                    self._finish(request, FinishReason.ERROR, events, f"forward pass failed: {exc}")
+            return None
+
+    def _postprocess(self, batch: ScheduledBatch, logits: torch.Tensor, events: list[Event]) -> None:
+        """Advance each row by what it computed; rows that completed a token get one sampled."""
+        ready: list[tuple[int, Request]] = []
+        for row, request in enumerate(batch.requests):
+            if request.is_finished or not batch.tokens[row]:
+                continue
+            if request.state is RequestState.PREFILLING:
+                request.prefilled += batch.real_tokens(row)
+                if request.remaining_prefill == 0:
+                    request.state = RequestState.DECODING
+                    ready.append((row, request))
+            else:
+                ready.append((row, request))
+        if not ready:
+            return
+        greedy = greedy_tokens(logits)
+        finite = finite_rows(logits)
+        now = self.clock()
+        for row, request in ready:
+            try:  # one bad request ends alone; the others go on
+                if not finite[row]:
+                    raise FloatingPointError("the model produced NaN or infinite logits")
+                sampler = self._samplers[request.request_id]
+                token = greedy[row] if sampler is None else sampler.choose(logits[row], request.all_ids)
+                self._accept(request, token, now, events)
+            except Exception as exc:
+                logger.warning("request %s failed: %s", request.request_id, exc)
+                self._finish(request, FinishReason.ERROR, events, f"{type(exc).__name__}: {exc}")
+
+    def _accept(self, request: Request, token: int, now: float, events: list[Event]) -> None:
+        request.output_ids.append(token)
+        if request.times.first_token is None:
+            request.times.first_token = now
+        text = self._detokenizers[request.request_id].push(token)
+        request.output_text += text
+        events.append(TokenEvent(request.request_id, token, text, len(request.output_ids) - 1, now))
+        params = request.params
+        if token in self.eos_ids and not params.ignore_eos:
+            self._finish(request, FinishReason.EOS, events)
+        elif len(request.output_ids) >= params.max_new_tokens:
+            self._finish(request, FinishReason.LENGTH, events)
+        elif params.stop_strings and _hit_stop(request, len(text)):
+            self._finish(request, FinishReason.STOP, events)
+
+    def _finish(self, request: Request, reason: FinishReason, events: list[Event], error: str | None = None) -> None:
+        request.state = RequestState.FINISHED
+        request.finish_reason = reason
+        request.error = error
+        times = request.times
+        times.finished = self.clock()
+        if request.output_ids:
+            # The whole decode is the final word (the stream holds back a trailing incomplete character).
+            request.output_text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
+        self._detokenizers.pop(request.request_id, None)
+        self._samplers.pop(request.request_id, None)
+        if request.request_id in self.running and not self.scheduler.holds_finished:
+            self._release(request)
+        events.append(
+            FinishedEvent(
+                request_id=request.request_id,
+                reason=reason,
+                output_ids=tuple(request.output_ids),
+                text=request.output_text,
+                prompt_tokens=len(request.prompt_ids),
+                arrival=times.arrival,
+                admitted=times.admitted,
+                first_token=times.first_token,
+                finished=times.finished,
+                slot=request.slot,
+                error=error,
+            )
+        )
+
+    def _release(self, request: Request) -> None:
+        """Free a finished request's slot and cache row."""
+        self.runner.release(request.request_id)
+        if request.slot is not None:
+            self.slots[request.slot] = None
+        del self.running[request.request_id]
+
+
+def _hit_stop(request: Request, new_chars: int) -> bool:
+    stops = request.params.stop_strings
+    tail = request.output_text[-(max(len(stop) for stop in stops) + new_chars) :]
+    return any(stop in tail for stop in stops)

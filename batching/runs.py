@@ -1,0 +1,93 @@
+"""One run of a queue on a batcher: requests submitted on an arrival schedule, every event kept.
+
+The benchmark, the page's comparison and the tests all run queues through `ScheduledRun`, so wall time has one
+definition: from the moment the arrival clock starts to the end of the step that finished the last request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from batching.arrivals import ArrivalDriver, Schedule
+from batching.engine.batcher import Batcher
+from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
+from batching.engine.request import Request
+
+
+@dataclass
+class RunRecord:
+    """Everything one batcher emitted during one run, with the run's own start time (all times are relative to it)."""
+
+    mode: str
+    start: float
+    end: float = math.nan
+    steps: list[StepEvent] = field(default_factory=list)
+    finished: list[FinishedEvent] = field(default_factory=list)
+    tokens: list[TokenEvent] = field(default_factory=list)
+    slots: int = 0
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, StepEvent):
+            self.steps.append(event)
+            self.slots = max(self.slots, len(event.slots))
+        elif isinstance(event, FinishedEvent):
+            self.finished.append(event)
+        else:
+            self.tokens.append(event)
+
+    def extend(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.add(event)
+
+    @property
+    def wall_s(self) -> float:
+        return self.end - self.start
+
+
+class ScheduledRun:
+    """Submit `build(index, arrival)`'s requests to `batcher` on `schedule` and step until all have finished.
+
+    Iterate `events()` to watch the run; afterwards `record` holds every event and the run's wall time.
+    """
+
+    def __init__(self, batcher: Batcher, schedule: Schedule, build: Callable[[int, float], Request]) -> None:
+        self.batcher = batcher
+        self.requests: dict[str, Request] = {}
+
+        def submit(index: int, arrival: float) -> None:
+            request = build(index, arrival)
+            self.requests[request.request_id] = batcher.submit(request)
+
+        self.driver = ArrivalDriver(schedule, submit, clock=batcher.clock)
+        self.record = RunRecord(batcher.mode, math.nan, slots=batcher.max_batch_size)
+
+    def events(self) -> Iterator[Event]:
+        driver, batcher = self.driver, self.batcher
+        self.record.start = driver.start()
+        for event in drive(batcher, driver):
+            self.record.add(event)
+            yield event
+        # The run ends with the step that finished its last request (a run with no step ends now).
+        self.record.end = self.record.steps[-1].end if self.record.steps else batcher.clock()
+
+    def complete(self) -> RunRecord:
+        """Run to the end without watching."""
+        for _ in self.events():
+            pass
+        return self.record
+
+
+def drive(batcher: Batcher, driver: ArrivalDriver) -> Iterator[Event]:
+    """Step `batcher` until every scheduled request has been submitted and finished, submitting between steps."""
+    if driver.started is None:
+        driver.start()
+    while True:
+        driver.release(batcher.step_index)
+        if batcher.has_work:
+            yield from batcher.step()
+        elif not driver.done:
+            driver.wait_idle()
+        else:
+            return

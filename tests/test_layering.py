@@ -1,0 +1,117 @@
+"""The import arrows point one way: settings -> loader -> engine -> runs -> metrics -> charts / page / API.
+
+Read from the code itself (every `import` of every module), anchored on the repository root, so the test checks
+the same files from whatever folder it is run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_DIRS = ("config", "model", "batching", "utils")
+OURS = ("config", "model", "batching", "utils", "streamlit_app")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _project_modules() -> dict[str, Path]:
+    files = [ROOT / "streamlit_app.py"]
+    for folder in SOURCE_DIRS:
+        files += sorted((ROOT / folder).rglob("*.py"))
+    return {_module_name(path): path for path in files}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module of ours that `path` imports, at any depth of the file (function-level imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found.update(name for name in names if name.split(".")[0] in OURS)
+    return found
+
+
+MODULES = _project_modules()
+GRAPH = {name: {imp for imp in _imports(path) if imp in MODULES} for name, path in MODULES.items()}
+
+
+def _unit(module: str) -> str:
+    """The layer a module belongs to: the engine core, the bench and the service are units of their own."""
+    for unit in ("batching.engine", "batching.bench", "batching.service", "batching.serve"):
+        if module == unit or module.startswith(unit + "."):
+            return unit
+    if module in ("batching.arrivals", "batching.runs"):
+        return "batching.runs"
+    return module.split(".")[0]
+
+
+def test_the_layering_test_sees_the_project() -> None:
+    assert len(MODULES) > 30, f"found only {len(MODULES)} modules under {ROOT}"
+    assert "batching.engine.batcher" in MODULES and "streamlit_app" in MODULES
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) == "batching.engine"))
+def test_the_engine_core_imports_nothing_else_of_ours(module: str) -> None:
+    outside = {imp for imp in GRAPH[module] if _unit(imp) != "batching.engine"}
+    assert not outside, f"{module} imports {sorted(outside)}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) == "config"))
+def test_config_imports_nothing_of_ours(module: str) -> None:
+    assert {imp for imp in GRAPH[module] if _unit(imp) != "config"} == set()
+
+
+def test_nothing_below_the_page_imports_it_or_streamlit() -> None:
+    for module, path in MODULES.items():
+        if module == "streamlit_app":
+            continue
+        assert "streamlit_app" not in GRAPH[module], module
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not any(name.split(".")[0] == "streamlit" for name in imported), f"{module} imports streamlit"
+
+
+# Which units may import which: a unit never imports one that comes after it in the flow.
+ORDER = ["config", "model", "batching.engine", "batching.runs", "utils", "batching.service", "batching.bench"]
+
+
+def test_units_import_only_units_before_them() -> None:
+    rank = {unit: index for index, unit in enumerate(ORDER)}
+    for module, imports in GRAPH.items():
+        unit = _unit(module)
+        if unit not in rank:
+            continue
+        later = {imp for imp in imports if _unit(imp) in rank and rank[_unit(imp)] > rank[unit]}
+        assert not later, f"{module} ({unit}) imports {sorted(later)}, which come after it"
+
+
+def test_there_are_no_import_cycles_between_modules() -> None:
+    visiting: set[str] = set()
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in done:
+            return
+        assert module not in visiting, "import cycle: " + " -> ".join([*path, module])
+        visiting.add(module)
+        for imported in sorted(GRAPH[module]):
+            visit(imported, [*path, module])
+        visiting.discard(module)
+        done.add(module)
+
+    for module in sorted(GRAPH):
+        visit(module, [])
