@@ -104,31 +104,33 @@ class ArrivalDriver:
     def submitted(self) -> int:
         return self._next
 
+    def _elapsed(self) -> float:
+        """Seconds since the clock started (starting it now if it has not)."""
+        started = self.start() if self.started is None else self.started
+        return self.clock() - started
+
     def release(self, steps_done: int) -> int:
         """Submit every request now due: its step is <= `steps_done`, or its time has passed. Returns how many."""
-        if self.started is None:
-            self.start()
-        return self._release_through(self.clock() - self.started if self.schedule.kind == TIMED else steps_done)
+        return self._release_through(self._elapsed() if self.schedule.kind == TIMED else steps_done)
 
     def wait_idle(self) -> int:
         """The engine is idle but requests are still to come: wait for (or jump to) the next one and submit it."""
         if self.done:
             return 0
-        if self.started is None:
-            self.start()
         upcoming = self.schedule.due[self._order[self._next]]
         if self.schedule.kind == TIMED:
-            self.sleep(max(0.0, upcoming - (self.clock() - self.started)))
-            return self._release_through(max(upcoming, self.clock() - self.started))
+            self.sleep(max(0.0, upcoming - self._elapsed()))
+            return self._release_through(max(upcoming, self._elapsed()))
         return self._release_through(upcoming)
 
     def _release_through(self, reached: float) -> int:
         due = self.schedule.due
         timed = self.schedule.kind == TIMED
+        started = self.start() if self.started is None else self.started
         count = 0
         while self._next < len(self._order) and due[self._order[self._next]] <= reached:
             index = self._order[self._next]
-            self.submit(index, self.started + due[index] if timed else self.clock())
+            self.submit(index, started + due[index] if timed else self.clock())
             self._next += 1
             count += 1
         return count

@@ -219,6 +219,7 @@ def run_all(plan: Plan, loaded: LoadedModel, peer: HFPeer | None, repeat: int, s
                 progress.set_description(f"{mode} {round_index + 1}/{repeat}")
                 cpu = time.process_time()
                 if mode == "hf":
+                    assert peer is not None, "the hf mode runs on its peer"
                     record, kv_lens = peer.run(
                         plan.prompt_ids,
                         plan.caps,

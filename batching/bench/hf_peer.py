@@ -19,6 +19,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from batching.arrivals import AT_ONCE, ArrivalDriver, Schedule
+from batching.engine.detokenizer import decode_text
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.request import FinishReason
 from batching.runs import RunRecord
@@ -71,7 +72,10 @@ class HFPeer:
             eos_token_id=self.eos_ids or -1,
             pad_token_id=tokenizer.pad_token_id,
         )
-        self.manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
+        # transformers types every model attribute as Module | Tensor; this one is a method of GenerationMixin
+        self.manager = model.init_continuous_batching(  # type: ignore[operator]
+            generation_config=generation, continuous_batching_config=config
+        )
         self._steps: list[_RawStep] = []
         self._instrument()
 
@@ -182,7 +186,7 @@ class HFPeer:
             request_id=result.request_id,
             reason=reason,
             output_ids=tuple(output),
-            text=self.tokenizer.decode(output, skip_special_tokens=True),
+            text=decode_text(self.tokenizer, output),
             prompt_tokens=prompt_tokens,
             arrival=arrival,
             admitted=started if started > 0 else None,

@@ -181,8 +181,8 @@ def json_safe(value: object) -> object:
 
 
 # --- printing -----------------------------------------------------------------------------------------------------
-def _fmt(value: object, scale: float = 1.0, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    if value is None or not math.isfinite(value):
         return "-"
     if isinstance(value, int) and scale == 1.0:
         return str(value)

@@ -8,6 +8,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from batching.arrivals import Schedule
 
@@ -81,12 +82,15 @@ def load_workload(name_or_path: str) -> Workload:
     raise ValueError(f"workload file {path} is not allowed: use a .json or .csv file")
 
 
+Number = TypeVar("Number", int, float)
+
+
 def _request(raw: dict, where: str) -> WorkloadRequest:
     prompt = raw.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"{where}: prompt is missing or empty")
 
-    def number(key: str, kind: type, minimum: float) -> float | int | None:
+    def number(key: str, kind: type[Number], minimum: float) -> Number | None:
         value = raw.get(key)
         if value in (None, ""):
             return None

@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from batching.engine.builder import RequestBuilder
-from batching.engine.detokenizer import IncrementalDetokenizer
+from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
 from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
 from batching.engine.model_support import model_context_length
 from batching.engine.params import RequestParams
@@ -270,7 +270,7 @@ class Batcher:
         times.finished = self.clock()
         if request.output_ids:
             # The whole decode is the final word (the stream holds back a trailing incomplete character).
-            request.output_text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
+            request.output_text = decode_text(self.tokenizer, request.output_ids)
         self._detokenizers.pop(request.request_id, None)
         self._samplers.pop(request.request_id, None)
         if request.request_id in self.running and not self.scheduler.holds_finished:

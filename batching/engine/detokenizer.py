@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tokenizers.decoders import DecodeStream
 from transformers import PreTrainedTokenizerBase
+
+
+def decode_text(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
+    """The text of `ids` without special tokens (one sequence in, one string out)."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=True)
+    return text if isinstance(text, str) else "".join(text)
 
 
 class IncrementalDetokenizer:
@@ -28,8 +36,8 @@ class IncrementalDetokenizer:
         if self._backend is not None:
             return self._stream.step(self._backend, token_id) or ""
         self._ids.append(token_id)
-        prefix = self.tokenizer.decode(self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
-        full = self.tokenizer.decode(self._ids[self._prefix_offset :], skip_special_tokens=True)
+        prefix = decode_text(self.tokenizer, self._ids[self._prefix_offset : self._read_offset])
+        full = decode_text(self.tokenizer, self._ids[self._prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._ids)

@@ -44,7 +44,7 @@ class RequestSampler:
         scores = logits[None]
         if self.processors:
             ids = torch.tensor([history], device=logits.device)
-            scores = self.processors(ids, scores)
+            scores = self.processors(ids, scores)  # type: ignore[arg-type]  # any integer tensor works
         if not self.params.do_sample:
             return int(scores.argmax(dim=-1))
         probs = torch.softmax(scores, dim=-1)
