@@ -94,12 +94,12 @@ def to_json(
     document: dict[str, object] = {"setup": dict(setup), "runs": {}}
     for mode, run in runs.items():
         document["runs"][mode] = {
-            "summary": _clean(summarize(run).as_dict()),
+            "summary": json_safe(summarize(run).as_dict()),
             "requests": _records(requests[requests["run"] == mode]),
             "steps": _records(steps[steps["run"] == mode]),
         }
     if "continuous" in runs and "static" in runs:
-        document["speedup"] = _clean(speedup(summarize(runs["continuous"]), summarize(runs["static"])))
+        document["speedup"] = json_safe(speedup(summarize(runs["continuous"]), summarize(runs["static"])))
     return json.dumps(document, indent=1, ensure_ascii=False).encode("utf-8")
 
 
@@ -107,9 +107,12 @@ def _records(frame: pd.DataFrame) -> list[dict]:
     return json.loads(frame.drop(columns="run").to_json(orient="records", force_ascii=False))
 
 
-def _clean(value: object) -> object:
-    if isinstance(value, float) and math.isnan(value):
+def json_safe(value: object) -> object:
+    """NaN and infinity become null, so the file is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {key: _clean(item) for key, item in value.items()}
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
     return value

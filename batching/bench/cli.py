@@ -26,7 +26,7 @@ from tqdm import tqdm
 from batching.arrivals import Schedule
 from batching.bench.hf_peer import HFPeer
 from batching.bench.plan import ModeRun, Plan
-from batching.bench.report import compare, format_report, json_safe, machine_info, mode_report
+from batching.bench.report import compare, format_report, machine_info, mode_report
 from batching.bench.workloads import (
     DISTRIBUTIONS,
     RANDOM_NAME,
@@ -45,6 +45,7 @@ from batching.runs import ScheduledRun
 from config.settings import Settings, SettingsError, load_settings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
+from utils.export import json_safe
 
 MODES = ("static", "continuous", "hf")
 WARM_UP_TOKENS = 4

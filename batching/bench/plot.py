@@ -13,14 +13,13 @@ import pandas as pd
 
 from batching.runs import RunRecord
 from utils.charts import latency_bars_frame, latency_chart, occupancy_chart, occupancy_frame
-from utils.metrics import requests_frame
+from utils.charts import latency_frame as charts_latency_frame
 
 
 def latency_frame(run: RunRecord) -> pd.DataFrame:
     """Per-request bars, labelled #1, #2... in workload order (request ids are q0, q1, ...)."""
-    frame = requests_frame(run)
-    frame["request"] = [f"#{int(request_id[1:]) + 1}" for request_id in frame["request_id"]]
-    return latency_bars_frame(frame[["request", "arrival_s", "first_token_s", "finished_s"]])
+    labels = {event.request_id: f"#{int(event.request_id[1:]) + 1}" for event in run.finished}
+    return latency_bars_frame(charts_latency_frame(run, labels))
 
 
 def bench_chart(runs: Mapping[str, RunRecord], slots: int, title: str) -> alt.VConcatChart:

@@ -169,17 +169,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def json_safe(value: object) -> object:
-    """NaN and infinity become null, so the file is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(item) for item in value]
-    return value
-
-
 # --- printing -----------------------------------------------------------------------------------------------------
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
     if value is None or not math.isfinite(value):

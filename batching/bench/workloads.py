@@ -6,7 +6,7 @@ import csv
 import json
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -40,7 +40,6 @@ class Workload:
     requests: tuple[WorkloadRequest, ...]
     batch_size: int = 8
     source: str = ""
-    extra: dict = field(default_factory=dict)
 
     def schedule(self, rate_per_s: float | None = None, seed: int = 0) -> Schedule:
         """Poisson when a rate is given; else the requests' `arrival_step`s, else their `arrival_s`, else at once.
