@@ -38,9 +38,10 @@ class ServiceLimits:
 class Session:
     """One browser tab's handle on the shared engine."""
 
-    def __init__(self, service: EngineService, session_id: str) -> None:
+    def __init__(self, service: EngineService, session_id: str, max_queue: int) -> None:
         self.service = service
         self.session_id = session_id
+        self.max_queue = max_queue
         self.inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self.pending: set[str] = set()
         self.last_seen = time.monotonic()
@@ -65,6 +66,12 @@ class Session:
         except queue.Empty:
             pass
         return events
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel one of this session's requests (a client that went away); it ends at the next step."""
+        if request_id in self.pending:
+            self.service.batcher.cancel(request_id)
+            self.service.wake()
 
     def cancel_all(self) -> None:
         """Cancel this session's waiting and running requests (the Stop button)."""
@@ -124,9 +131,10 @@ class EngineService:
         self._wakeup.set()
 
     # --- sessions -------------------------------------------------------------------------------------------
-    def open_session(self) -> Session:
+    def open_session(self, max_queue: int | None = None) -> Session:
+        """A new client's handle; `max_queue` overrides the per-session limit (the API is one client of many users)."""
         with self._lock:
-            session = Session(self, f"s{next(self._ids)}")
+            session = Session(self, f"s{next(self._ids)}", max_queue or self.limits.max_queue_per_session)
             self._sessions[session.session_id] = session
         return session
 
@@ -151,15 +159,15 @@ class EngineService:
         with self._lock:
             if session.closed:
                 raise ValueError("this session is closed: reload the page")
-            if len(session.pending) >= self.limits.max_queue_per_session:
-                raise QueueFullError(
-                    f"you already have {len(session.pending)} requests queued or running, the most one person may "
-                    f"have (max_queue_per_session={self.limits.max_queue_per_session}): wait for some to finish"
-                )
             if len(self._owner) >= self.limits.max_queue_total:
                 raise QueueFullError(
                     f"the engine is full: {len(self._owner)} requests are queued or running for everyone "
                     f"(max_queue_total={self.limits.max_queue_total}); try again in a moment"
+                )
+            if len(session.pending) >= session.max_queue:
+                raise QueueFullError(
+                    f"you already have {len(session.pending)} requests queued or running, the most one client may "
+                    f"have (max_queue_per_session={session.max_queue}): wait for some to finish"
                 )
             session.pending.add(request.request_id)
             self._owner[request.request_id] = session

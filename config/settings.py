@@ -97,6 +97,15 @@ class PromptSettings(BaseModel):
         return template
 
 
+class ServerSettings(BaseModel):
+    """The OpenAI-compatible API (`python -m batching.serve`, or inside the page's process when `port` is set)."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="where the API listens; 127.0.0.1 keeps it local")
+    port: int | None = Field(None, ge=1, le=65535, description="also serve the API from the Streamlit process")
+    api_key: str | None = Field(None, min_length=1, description="require `Authorization: Bearer <key>`")
+    served_model_name: str | None = Field(None, min_length=1, description="the model id clients use; default: its name")
+
+
 class Settings(BaseSettings):
     """All of Batchscope's settings."""
 
@@ -114,6 +123,7 @@ class Settings(BaseSettings):
     batching: BatchingSettings = BatchingSettings()
     limits: LimitSettings = LimitSettings()
     prompt: PromptSettings = PromptSettings()
+    server: ServerSettings = ServerSettings()
 
 
 class SettingsError(ValueError):

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API (`python -m batching.serve`): a client of the shared engine, like the page."""

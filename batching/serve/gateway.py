@@ -1,0 +1,106 @@
+"""The API's handle on the shared engine: one engine session for every HTTP request, and a thread that routes that
+session's events to each request's asyncio queue (no per-request polling: a token reaches its stream at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from batching.engine.events import Event, FinishedEvent, StepEvent
+from batching.engine.params import RequestParams
+from batching.engine.request import Request
+from batching.serve.metrics import ApiMetrics, EngineLoad
+from batching.service import EngineService, Session
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Stream:
+    """One HTTP request's view of its engine request: its events arrive on `events`."""
+
+    request: Request
+    events: asyncio.Queue[Event]
+
+
+class Gateway:
+    """Submits on behalf of HTTP handlers (on the event loop) and feeds their queues from the engine's events."""
+
+    def __init__(self, service: EngineService, max_queue: int) -> None:
+        self.service = service
+        self.max_queue = max_queue
+        self.metrics = ApiMetrics(self.load)
+        self._session: Session = service.open_session(max_queue)
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Stream]] = {}
+        self._last_token: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._route, name="batchscope-api-router", daemon=True)
+        self._thread.start()
+
+    def load(self) -> EngineLoad:
+        """What the engine holds now (read from the engine thread's objects; counts are atomic enough here)."""
+        batcher = self.service.batcher
+        cache = batcher.runner.cache
+        return EngineLoad(
+            running=sum(1 for request in list(batcher.running.values()) if not request.is_finished),
+            waiting=len(batcher.scheduler.waiting),
+            slots=batcher.max_batch_size,
+            kv_tokens=sum(cache.lengths[: cache.active_rows]),
+            kv_capacity=cache.capacity * cache.max_len,
+        )
+
+    def submit(self, prompt: str | Sequence[int], params: RequestParams) -> Stream:
+        """Queue a request; raises ValueError (bad input), QueueFullError (limits) or RuntimeError (engine down)."""
+        session = self._session_now()
+        loop = asyncio.get_running_loop()
+        with self._lock:  # hold it so the router cannot see the first event before the stream is registered
+            request = session.submit(prompt, params)
+            stream = Stream(request, asyncio.Queue())
+            self._streams[request.request_id] = (loop, stream)
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        self._session.cancel(request_id)
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+            self._last_token.pop(request_id, None)
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=2)
+        self._session.close()
+
+    def _session_now(self) -> Session:
+        """The engine session, reopened if the engine was restarted or the session reaped."""
+        if self.service.ensure_running() or self._session.closed:
+            self._session = self.service.open_session(self.max_queue)
+        return self._session
+
+    def _route(self) -> None:
+        while not self._stopping.is_set():
+            for event in self._session.poll(timeout=0.1):
+                self._deliver(event)
+
+    def _deliver(self, event: Event) -> None:
+        if isinstance(event, StepEvent):
+            self.metrics.observe_step(event)
+            return
+        with self._lock:
+            target = self._streams.get(event.request_id)
+        if isinstance(event, FinishedEvent):
+            self.metrics.observe_finished(event)
+        else:
+            previous = self._last_token.get(event.request_id)
+            if previous is not None:
+                self.metrics.observe_token_gap(event.time - previous)
+            self._last_token[event.request_id] = event.time
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.events.put_nowait, event)

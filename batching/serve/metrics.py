@@ -1,0 +1,98 @@
+"""Prometheus metrics with vLLM's names (under `batchscope:`), so dashboards and load generators read them as is.
+
+Gauges (running, waiting, KV-cache use, slot occupancy) are read from the engine when scraped and cover everyone
+using it, browser tabs included; latency histograms and counters cover the requests served through this API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.request import FinishReason
+
+PREFIX = "batchscope:"
+# OpenAI's and vLLM's finish reasons: a stop string and EOS are both "stop"; a cancelled request is "abort".
+FINISH_REASONS = {
+    FinishReason.EOS: "stop",
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.CANCELLED: "abort",
+    FinishReason.ERROR: "error",
+}
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine holds right now, for the gauges."""
+
+    running: int
+    waiting: int
+    slots: int
+    kv_tokens: int
+    kv_capacity: int
+
+
+class _LoadCollector(Collector):
+    def __init__(self, read: Callable[[], EngineLoad]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        load = self.read()
+        yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests in a slot of the engine.", load.running)
+        yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting for a slot.", load.waiting)
+        usage = load.kv_tokens / load.kv_capacity if load.kv_capacity else 0.0
+        yield GaugeMetricFamily(PREFIX + "kv_cache_usage_perc", "KV-cache use, 0 to 1 (tokens held / capacity).", usage)
+        occupancy = load.running / load.slots if load.slots else 0.0
+        yield GaugeMetricFamily(PREFIX + "slot_occupancy", "Busy slots / slots, 0 to 1.", occupancy)
+
+
+class ApiMetrics:
+    """One registry per server: the engine's gauges plus what this API observed of its own requests."""
+
+    def __init__(self, read_load: Callable[[], EngineLoad]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_LoadCollector(read_load))
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
+            return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token, from arrival.")
+        self.itl = histogram("inter_token_latency_seconds", "Time between two tokens of one request.")
+        self.e2e = histogram("e2e_request_latency_seconds", "From arrival to the last token.")
+        self.queue = histogram("request_queue_time_seconds", "From arrival to a slot.")
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total", "Tokens (prompt + decode) one engine step computed.", _TOKEN_BUCKETS
+        )
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prompt tokens of finished requests.", registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            PREFIX + "generation_tokens", "Tokens generated for finished requests.", registry=self.registry
+        )
+        self.success = Counter(
+            PREFIX + "request_success", "Finished requests by reason.", ["finished_reason"], registry=self.registry
+        )
+
+    def observe_step(self, step: StepEvent) -> None:
+        self.iteration_tokens.observe(step.prefill_tokens + step.decode_tokens)
+
+    def observe_token_gap(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def observe_finished(self, event: FinishedEvent) -> None:
+        self.success.labels(finished_reason=FINISH_REASONS[event.reason]).inc()
+        self.prompt_tokens.inc(event.prompt_tokens)
+        self.generation_tokens.inc(event.output_tokens)
+        self.e2e.observe(event.e2e_s)
+        if event.ttft_s is not None:
+            self.ttft.observe(event.ttft_s)
+        if event.queue_s is not None:
+            self.queue.observe(event.queue_s)

@@ -1,0 +1,142 @@
+"""Start the API: `python -m batching.serve` (its own engine), or `start_background` inside another process that
+already runs the shared engine (the Streamlit page, when `BATCHSCOPE_SERVER__PORT` is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+import uvicorn
+from transformers import PreTrainedTokenizerBase
+
+from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.events import FinishedEvent
+from batching.engine.params import RequestParams, SamplingParams
+from batching.serve.app import ApiConfig, create_app
+from batching.serve.gateway import Gateway
+from batching.service import EngineService, ServiceLimits
+from config.settings import Settings, SettingsError, load_settings
+from model.loader import ModelLoadError, load_model
+
+logger = logging.getLogger(__name__)
+DEFAULT_PORT = 8000
+
+
+class ServeError(Exception):
+    """Bad flags: one line on stderr, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ServeError(message)
+
+
+def api_config(settings: Settings, model_name: str) -> ApiConfig:
+    """What absent request fields default to: the settings' generation defaults."""
+    gen = settings.generation
+    sampling = SamplingParams(gen.do_sample, gen.temperature, gen.top_k, gen.top_p, gen.repetition_penalty, gen.seed)
+    return ApiConfig(
+        model_id=settings.server.served_model_name or model_name,
+        default_max_tokens=gen.max_new_tokens,
+        default_sampling=sampling,
+        api_key=settings.server.api_key,
+    )
+
+
+def engine_options(settings: Settings) -> BatcherOptions:
+    return BatcherOptions(
+        max_batch_size=settings.batching.max_batch_size,
+        max_batched_tokens=settings.batching.max_batched_tokens,
+        policy=settings.batching.policy,
+        max_seq_len=settings.batching.max_seq_len,
+        max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
+    )
+
+
+@dataclass
+class BackgroundServer:
+    """A uvicorn server running in a daemon thread of this process."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    gateway: Gateway
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+        self.gateway.close()
+
+
+def start_background(
+    service: EngineService, tokenizer: PreTrainedTokenizerBase, settings: Settings, model_name: str, port: int
+) -> BackgroundServer:
+    """Serve the API from this process on `port`, sharing `service` with whoever else uses it."""
+    gateway = Gateway(service, settings.limits.max_queue_total)
+    app = create_app(gateway, tokenizer, api_config(settings, model_name))
+    config = uvicorn.Config(app, host=settings.server.host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="batchscope-api", daemon=True)
+    thread.start()
+    return BackgroundServer(server, thread, gateway)
+
+
+def warm_up(service: EngineService, timeout_s: float = 60.0) -> None:
+    """One tiny request before serving, so the first client does not pay for the first forward pass."""
+    session = service.open_session()
+    request = session.submit([0, 1, 2], RequestParams(2, ignore_eos=True))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(isinstance(e, FinishedEvent) and e.request_id == request.request_id for e in session.poll(0.1)):
+            break
+    session.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m batching.serve", description="Serve the engine over an OpenAI-compatible API.")
+    parser.add_argument("--host", help="default: BATCHSCOPE_SERVER__HOST (127.0.0.1)")
+    parser.add_argument("--port", type=int, help=f"default: BATCHSCOPE_SERVER__PORT, else {DEFAULT_PORT}")
+    parser.add_argument("--model", help="builtin, a hub id or a local folder (default: settings)")
+    parser.add_argument("--api-key", help="require this bearer key (default: BATCHSCOPE_SERVER__API_KEY)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.port is not None and not 1 <= args.port <= 65535:
+            raise ServeError(f"--port {args.port} is not allowed: must be in [1, 65535]")
+        settings = load_settings()
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        model_settings = settings.model.model_copy(update={"name_or_path": args.model} if args.model else {})
+        server = settings.server.model_copy(
+            update={k: v for k, v in {"host": args.host, "api_key": args.api_key}.items() if v is not None}
+        )
+        settings = settings.model_copy(update={"model": model_settings, "server": server})
+        loaded = load_model(settings.model, settings.tokenizer)
+        options = engine_options(settings)
+        service = EngineService(
+            lambda: Batcher(loaded.model, loaded.tokenizer, options),
+            ServiceLimits(settings.limits.max_queue_per_session, settings.limits.max_queue_total),
+        )
+    except (ServeError, SettingsError, ModelLoadError, ValueError) as exc:
+        print(f"serve: error: {exc}", file=sys.stderr)
+        return 2
+    warm_up(service)
+    gateway = Gateway(service, settings.limits.max_queue_total)
+    app = create_app(gateway, loaded.tokenizer, api_config(settings, loaded.name))
+    port = args.port or settings.server.port or DEFAULT_PORT
+    logger.info("serving %s on http://%s:%d/v1", loaded.name, settings.server.host, port)
+    try:
+        uvicorn.run(app, host=settings.server.host, port=port, log_level=args.log_level, access_log=False)
+    finally:
+        gateway.close()
+        service.stop()
+    return 0
