@@ -86,7 +86,16 @@ def test_nothing_below_the_page_imports_it_or_streamlit() -> None:
 
 
 # Which units may import which: a unit never imports one that comes after it in the flow.
-ORDER = ["config", "model", "batching.engine", "batching.runs", "utils", "batching.service", "batching.serve", "batching.bench"]
+ORDER = [
+    "config",
+    "model",
+    "batching.engine",
+    "batching.runs",
+    "utils",
+    "batching.service",
+    "batching.serve",
+    "batching.bench",
+]
 
 
 def test_units_import_only_units_before_them() -> None:
