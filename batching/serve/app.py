@@ -71,7 +71,7 @@ def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: Api
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _generate(gateway, config, body, body.prompt, "text_completion", request)
+        return await _generate(gateway, config, body, body.one_prompt(), "text_completion", request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -185,12 +185,15 @@ class _Reply:
                 if not event.text:
                     continue  # mid-character: the text comes with the next token
                 piece: dict[str, Any] = {"content": event.text} if chat else {}
-                choice = {"index": 0, "finish_reason": None, "logprobs": None}
+                choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": None}
                 choice.update({"delta": piece} if chat else {"text": event.text})
                 yield _sse(self._envelope(chunk_kind, [choice]))
             elif isinstance(event, FinishedEvent):
                 last: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[event.reason], "logprobs": None}
-                last.update({"delta": {}} if chat else {"text": ""})
+                if chat:
+                    last["delta"] = {}
+                else:
+                    last["text"] = ""
                 final = self._envelope(chunk_kind, [last])
                 final["timings"] = _timings(event)
                 if event.error:

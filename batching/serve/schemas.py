@@ -95,6 +95,13 @@ class CompletionRequest(GenerationFields):
             return prompt
         raise ValueError("prompt must be a string or a list of token ids")
 
+    def one_prompt(self) -> str | list[int]:
+        """The prompt, once the validator has reduced a one-element batch to it."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or all(isinstance(token, int) for token in prompt):
+            return prompt  # type: ignore[return-value]
+        raise ValueError("prompt must be a string or a list of token ids")
+
     @model_validator(mode="after")
     def _no_echo_or_suffix(self) -> CompletionRequest:
         if self.echo:
