@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write occupancy and latency charts here (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-step-detail", action="store_true", help="step events without their rows (the step inspector's data)"
+    )
     return parser
 
 
@@ -144,6 +147,7 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
             policy=args.policy or settings.batching.policy,
             max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
             max_seq_len=settings.batching.max_seq_len,
+            step_detail=not args.no_step_detail,
         )
     except ValueError as exc:  # batch size or token budget out of range
         raise BenchError(str(exc)) from None

@@ -45,6 +45,7 @@ class BatcherOptions:
     policy: str = "fcfs"
     max_seq_len: int = 2048
     max_prompt_tokens: int = 512
+    step_detail: bool = True  # each StepEvent lists its rows (the step inspector's data); off for lean benchmarks
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -164,6 +165,7 @@ class Batcher:
         occupants = tuple(request.request_id if request else None for request in self.slots)
         held = tuple(rid for rid in occupants if rid is not None and self.running[rid].is_finished)
         prefill, decode = batch.work()
+        rows = batch.rows() if self.options.step_detail else ()
         start = self.clock()
         logits = self._forward(batch, events)
         if logits is not None:
@@ -173,7 +175,8 @@ class Batcher:
                 self._release(request)
         if logits is None:
             return events
-        events.append(StepEvent(self.step_index, start, self.clock(), occupants, prefill, decode, held))
+        budget = self.options.max_batched_tokens
+        events.append(StepEvent(self.step_index, start, self.clock(), occupants, prefill, decode, held, rows, budget))
         self.step_index += 1
         return events
 

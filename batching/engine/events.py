@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from batching.engine.request import FinishReason
@@ -57,12 +58,42 @@ class FinishedEvent:
         return (self.finished - self.first_token) / (self.output_tokens - 1)
 
 
+class RowKind(enum.Enum):
+    """What one row of a forward pass did."""
+
+    PREFILL = "prefill"  # a chunk of its prompt (the whole prompt for static batching, left-padded)
+    DECODE = "decode"  # one new token
+    WAITING = "waiting"  # admitted, but this step's token budget left nothing for its prompt
+    HELD = "held"  # finished, still holding its slot in a static wave: computes one padding token
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One row of a step's forward pass, as the runner ran it: which request, in which slot, which tokens.
+
+    `token_ids` are the real tokens the row added (padding excluded), at positions `first_position`, +1, ...;
+    `padding` counts the padding tokens computed ahead of them (static waves) or instead of them (held slots).
+    """
+
+    request_id: str
+    slot: int
+    kind: RowKind
+    token_ids: tuple[int, ...]
+    first_position: int
+    padding: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+
 @dataclass(frozen=True)
 class StepEvent:
     """One engine step (one forward pass): who sat in each slot, and how many tokens of each kind it computed.
 
     `slots[k]` is the id of the request in slot k, or None when the slot was idle. A static wave's finished
     members still hold their slot (computing padding) until the wave ends: they are listed in `idle_held`.
+    `rows` says what each row computed (the packed batch, in order); the step inspector and waste meters read it.
     """
 
     index: int
@@ -72,6 +103,8 @@ class StepEvent:
     prefill_tokens: int
     decode_tokens: int
     idle_held: tuple[str, ...] = ()
+    rows: tuple[StepRow, ...] = ()  # in packed order; empty when the batcher does not record them
+    token_budget: int = 0  # the scheduler's max tokens per step (0: unknown)
 
     @property
     def active(self) -> int:

@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from batching.engine.events import RowKind, StepRow
 from batching.engine.request import Request, RequestState
 
 POLICIES: dict[str, Callable[[Request], int]] = {
@@ -89,6 +90,23 @@ class ScheduledBatch:
 
     def real_tokens(self, row: int) -> int:
         return len(self.tokens[row]) - (self.padding[row] if self.padding else 0)
+
+    def rows(self) -> tuple[StepRow, ...]:
+        """What each row computes, for the step event (read before the step changes the requests' states)."""
+        described = []
+        for row, request in enumerate(self.requests):
+            tokens = self.tokens[row]
+            padding = self.padding[row] if self.padding else 0
+            if request.is_finished:
+                kind, real, first = RowKind.HELD, (), len(request.all_ids)
+                padding = len(tokens)
+            elif request.state is RequestState.DECODING:
+                kind, real, first = RowKind.DECODE, tuple(tokens), len(request.all_ids) - 1
+            else:
+                kind = RowKind.PREFILL if tokens else RowKind.WAITING
+                real, first = tuple(tokens[padding:]), request.prefilled
+            described.append(StepRow(request.request_id, request.slot or 0, kind, real, first, padding))
+        return tuple(described)
 
     def work(self) -> tuple[int, int]:
         """(prompt tokens, decode tokens) computed for live requests this step."""

@@ -1,0 +1,157 @@
+"""Inside the steps of a run: the token grid (slots x steps), one step's packed batch, and the waste meters.
+
+Everything here is read from the rows each `StepEvent` carries (what the runner packed), never re-derived.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from batching.engine.events import RowKind, StepEvent
+from batching.runs import RunRecord
+from utils.metrics import percentile
+
+IDLE = "idle"
+PADDING = "padding"
+# What a cell of the grid shows, in legend order.
+CELL_KINDS = (RowKind.PREFILL.value, RowKind.DECODE.value, RowKind.HELD.value, PADDING, RowKind.WAITING.value, IDLE)
+GRID_COLUMNS = ["column", "first_step", "last_step", "slot", "kind", "request", "tokens", "padding", "positions"]
+
+
+def _cell_kind(tokens: int, padding: int, kind: RowKind) -> str:
+    """A prefill row that computed only padding (a static wave member cancelled before its prefill) is padding."""
+    if kind is RowKind.PREFILL and not tokens and padding:
+        return PADDING
+    return kind.value
+
+
+def grid_frame(run: RunRecord, labels: Mapping[str, str], max_columns: int = 600) -> tuple[pd.DataFrame, int]:
+    """One cell per slot per step (or per group of `width` steps when a run has more steps than `max_columns`).
+
+    Returns the frame and the group width (1: every step has its own column). A grouped cell shows the kind
+    its slot had most often in the group, and the sums of its tokens and padding.
+    """
+    steps = run.steps
+    width = max(1, math.ceil(len(steps) / max_columns)) if steps else 1
+    cells: dict[tuple[int, int], dict] = {}
+    counts: dict[tuple[int, int], dict[str, int]] = {}
+    for event in steps:
+        column = event.index // width if width > 1 else event.index
+        by_slot = {row.slot: row for row in event.rows}
+        for slot in range(len(event.slots)):
+            key = (column, slot)
+            row = by_slot.get(slot)
+            if row is None:
+                kind, request, tokens, padding, positions = IDLE, "", 0, 0, ""
+            else:
+                kind = _cell_kind(row.tokens, row.padding, row.kind)
+                request = labels.get(row.request_id, row.request_id)
+                tokens, padding = row.tokens, row.padding
+                last = row.first_position + row.tokens - 1
+                positions = f"{row.first_position}–{last}" if row.tokens > 1 else str(row.first_position)
+                positions = positions if row.tokens else ""
+            cell = cells.setdefault(
+                key,
+                {"column": column, "first_step": event.index, "slot": slot + 1, "tokens": 0, "padding": 0},
+            )
+            cell["last_step"] = event.index
+            cell["tokens"] += tokens
+            cell["padding"] += padding
+            tally = counts.setdefault(key, {})
+            tally[kind] = tally.get(kind, 0) + 1
+            if tally[kind] >= max(tally.values()):
+                cell.update(kind=kind, request=request, positions=positions if width == 1 else "")
+    frame = pd.DataFrame(list(cells.values()), columns=GRID_COLUMNS)
+    return frame.sort_values(["column", "slot"]).reset_index(drop=True), width
+
+
+@dataclass(frozen=True)
+class WasteMeters:
+    """How much of what a run computed was useful work."""
+
+    steps: int
+    slot_steps: int  # slots x steps: what was available
+    slot_steps_used: int  # a slot did prompt or decode work for a live request
+    slot_steps_held: int  # a finished request sat in its slot (static waves), computing padding
+    padding_tokens: int  # tokens computed for nothing: left padding of static prefills, held slots' tokens
+    tokens_per_step_mean: float  # prompt + decode tokens a step computed (vLLM's iteration tokens)
+    tokens_per_step_max: int
+    budget_fill_mean: float  # tokens per step / the scheduler's token budget, 0 to 1
+    budget_fill_p50: float
+    budget_fill_p90: float
+
+    @property
+    def slot_use(self) -> float:
+        return self.slot_steps_used / self.slot_steps if self.slot_steps else math.nan
+
+    def as_dict(self) -> dict[str, float]:
+        return {**self.__dict__, "slot_use": self.slot_use}
+
+
+def waste_meters(run: RunRecord) -> WasteMeters:
+    """Add up what every step's rows computed."""
+    used = held = padding = 0
+    per_step: list[int] = []
+    fills: list[float] = []
+    for event in run.steps:
+        tokens = 0
+        for row in event.rows:
+            padding += row.padding
+            tokens += row.tokens
+            if row.kind is RowKind.HELD:
+                held += 1
+            elif row.tokens:
+                used += 1
+        per_step.append(tokens)
+        if event.token_budget:
+            fills.append(tokens / event.token_budget)
+    slots = sum(len(event.slots) for event in run.steps)
+    return WasteMeters(
+        steps=len(run.steps),
+        slot_steps=slots,
+        slot_steps_used=used,
+        slot_steps_held=held,
+        padding_tokens=padding,
+        tokens_per_step_mean=sum(per_step) / len(per_step) if per_step else math.nan,
+        tokens_per_step_max=max(per_step, default=0),
+        budget_fill_mean=sum(fills) / len(fills) if fills else math.nan,
+        budget_fill_p50=percentile(fills, 50),
+        budget_fill_p90=percentile(fills, 90),
+    )
+
+
+def step_rows_frame(step: StepEvent, labels: Mapping[str, str]) -> pd.DataFrame:
+    """The rows of one forward pass, in packed order: request, slot, what it did, tokens and their positions."""
+    rows = []
+    start = 0
+    for row in step.rows:
+        size = row.padding + row.tokens
+        rows.append(
+            {
+                "request": labels.get(row.request_id, row.request_id),
+                "slot": row.slot + 1,
+                "kind": _cell_kind(row.tokens, row.padding, row.kind),
+                "tokens": row.tokens,
+                "padding": row.padding,
+                "positions": f"{row.first_position}–{row.first_position + row.tokens - 1}" if row.tokens else "",
+                "packed": f"{start}–{start + size - 1}" if size else "",
+            }
+        )
+        start += size
+    return pd.DataFrame(rows, columns=["request", "slot", "kind", "tokens", "padding", "positions", "packed"])
+
+
+def packed_tokens(
+    step: StepEvent, labels: Mapping[str, str], decode: Callable[[Sequence[int]], str]
+) -> list[tuple[str, str]]:
+    """The packed sequence the linear layers saw, as (request label, token text) pairs; padding shown as "␣pad"."""
+    sequence = []
+    for row in step.rows:
+        label = labels.get(row.request_id, row.request_id)
+        sequence += [(label, "␣pad")] * row.padding
+        sequence += [(label, decode([token])) for token in row.token_ids]
+    return sequence
