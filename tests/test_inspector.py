@@ -142,3 +142,16 @@ def test_step_detail_can_be_switched_off(llama) -> None:
     batcher.add([5, 6, 7], RequestParams(3))
     steps = [event for event in batcher.run() if isinstance(event, StepEvent)]
     assert steps and all(step.rows == () for step in steps)
+
+
+def test_the_benchmark_plot_gains_a_token_grid_per_mode(llama) -> None:
+    from batching.bench.plot import bench_chart
+
+    runs = {mode: _run(llama, mode, PROMPTS, CAPS, max_batch_size=2)[0] for mode in ("static", "continuous")}
+    spec = bench_chart(runs, slots=2, title="grid").to_dict()
+    titles = [row.get("title", {}) for row in spec["vconcat"]]
+    assert len(spec["vconcat"]) == 4
+    assert [title for title in titles if isinstance(title, str)] == [
+        "static: what each slot did",
+        "continuous: what each slot did",
+    ]

@@ -18,11 +18,15 @@ GRID_CAPTION = (
 )
 
 
-def token_grid_chart(frame: pd.DataFrame, slots: int, width: int, title: str = "") -> alt.Chart:
-    """A heat-map of what each slot did at each step; `width` > 1 means each column aggregates that many steps."""
+def token_grid_chart(
+    frame: pd.DataFrame, slots: int, width: int, title: str = "", selectable: bool = True
+) -> alt.Chart:
+    """A heat-map of what each slot did at each step; `width` > 1 means each column aggregates that many steps.
+
+    `selectable` adds a click selection named `step` (its `first_step`), which the page reads to inspect a step.
+    """
     step_title = "engine step" if width == 1 else f"engine steps ({width} per column)"
-    selector = alt.selection_point(name="step", fields=["first_step"], on="click", clear=False)
-    return (
+    chart = (
         alt.Chart(frame, title=title)
         .mark_rect()
         .encode(
@@ -34,7 +38,6 @@ def token_grid_chart(frame: pd.DataFrame, slots: int, width: int, title: str = "
                 scale=alt.Scale(domain=list(CELL_KINDS), range=_KIND_COLORS),
                 legend=alt.Legend(orient="bottom"),
             ),
-            opacity=alt.condition(selector, alt.value(1.0), alt.value(0.55)),
             tooltip=[
                 alt.Tooltip("first_step:Q", title="step"),
                 alt.Tooltip("last_step:Q", title="to step"),
@@ -46,6 +49,9 @@ def token_grid_chart(frame: pd.DataFrame, slots: int, width: int, title: str = "
                 alt.Tooltip("positions:N"),
             ],
         )
-        .add_params(selector)
         .properties(height=max(120, 18 * slots))
     )
+    if not selectable:
+        return chart
+    selector = alt.selection_point(name="step", fields=["first_step"], on="click", clear=False)
+    return chart.add_params(selector).encode(opacity=alt.condition(selector, alt.value(1.0), alt.value(0.55)))

@@ -1,4 +1,4 @@
-"""The benchmark's PNG: per mode, batch occupancy per step beside the latency of each request.
+"""The benchmark's PNG: per mode, batch occupancy per step beside the latency of each request, and the token grid.
 
 The charts are the page's own (`utils.charts`), so the file shows what the app shows; vl-convert renders offline.
 """
@@ -14,6 +14,8 @@ import pandas as pd
 from batching.runs import RunRecord
 from utils.charts import latency_bars_frame, latency_chart, occupancy_chart, occupancy_frame
 from utils.charts import latency_frame as charts_latency_frame
+from utils.inspector import grid_frame
+from utils.inspector_charts import token_grid_chart
 
 
 def latency_frame(run: RunRecord) -> pd.DataFrame:
@@ -33,6 +35,11 @@ def bench_chart(runs: Mapping[str, RunRecord], slots: int, title: str) -> alt.VC
         latency = latency_chart(latency_frame(run), title=f"{mode}: latency per request", x_max=longest)
         pair = alt.hconcat(occupancy.properties(width=420), latency.properties(width=420))
         rows.append(pair.resolve_scale(color="independent"))
+        if any(step.rows for step in run.steps):  # the token grid: what each slot did at each step
+            frame, width = grid_frame(run, {}, max_columns=400)
+            rows.append(
+                token_grid_chart(frame, slots, width, title=f"{mode}: what each slot did").properties(width=880)
+            )
     return alt.vconcat(*rows).properties(title=title).resolve_scale(color="independent")
 
 

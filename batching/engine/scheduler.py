@@ -97,8 +97,9 @@ class ScheduledBatch:
         for row, request in enumerate(self.requests):
             tokens = self.tokens[row]
             padding = self.padding[row] if self.padding else 0
+            real: tuple[int, ...] = ()
             if request.is_finished:
-                kind, real, first = RowKind.HELD, (), len(request.all_ids)
+                kind, first = RowKind.HELD, len(request.all_ids)
                 padding = len(tokens)
             elif request.state is RequestState.DECODING:
                 kind, real, first = RowKind.DECODE, tuple(tokens), len(request.all_ids) - 1
