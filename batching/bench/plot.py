@@ -37,9 +37,8 @@ def bench_chart(runs: Mapping[str, RunRecord], slots: int, title: str) -> alt.VC
         rows.append(pair.resolve_scale(color="independent"))
         if any(step.rows for step in run.steps):  # the token grid: what each slot did at each step
             frame, width = grid_frame(run, {}, max_columns=400)
-            rows.append(
-                token_grid_chart(frame, slots, width, title=f"{mode}: what each slot did").properties(width=880)
-            )
+            grid = token_grid_chart(frame, slots, width, title=f"{mode}: what each slot did", selectable=False)
+            rows.append(grid.properties(width=880))
     return alt.vconcat(*rows).properties(title=title).resolve_scale(color="independent")
 
 
