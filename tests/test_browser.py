@@ -7,91 +7,19 @@ the suite never writes a tracked file.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+from tests.browser_helpers import BROWSER_MARKS, IDLE, add_prompt, new_page
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists() and os.environ.get("CI", "").lower() != "true",
-        reason="Debian's chromium is not installed (apt-get install chromium)",
-    ),
-]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture(scope="module")
-def app_url() -> Iterator[str]:
-    """`streamlit run` on a free port with the default settings (the embedded model), stopped by its PID."""
-    port = free_port()
-    env = {name: value for name, value in os.environ.items() if not name.startswith("BATCHSCOPE_")}
-    command = [sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.headless", "true"]
-    command += ["--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            assert server.poll() is None, "streamlit exited before it answered"
-            assert time.monotonic() < deadline, "streamlit did not answer /_stcore/health within 60 s"
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-
-
-@pytest.fixture(scope="module")
-def page(app_url: str):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1000})
-        page.set_default_timeout(60_000)
-        page.goto(app_url)
-        page.wait_for_selector(IDLE)
-        yield page
-        browser.close()
-
-
-def add_prompt(page, text: str) -> None:
-    box = page.get_by_label("Prompt", exact=True)
-    box.fill(text)
-    box.press("Enter")  # a text input commits on Enter (or blur)
-    page.get_by_test_id("stMain").get_by_role("button", name="Add", exact=True).click()
+def page(app_url: str, chromium):
+    """One page for the module's tests, which run in order on it."""
+    return new_page(chromium, app_url)
 
 
 def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None:
@@ -175,3 +103,11 @@ def test_a_prompt_added_mid_run_joins_it_and_stop_cancels_the_rest(page) -> None
     assert page.get_by_text("not run: stopped before it was sent").count() >= 1
     assert page.get_by_test_id("stText").filter(has_text="▌").count() == 0
     assert page.get_by_test_id("stMain").get_by_role("button", name="Generate").is_enabled()
+
+
+def test_the_server_log_shows_the_engines_info_lines(page, app_server) -> None:
+    """The page configures logging in its entry point: the loader's INFO line reaches the server's log, once."""
+    page.wait_for_selector(IDLE)
+    lines = app_server.log.read_text(encoding="utf-8", errors="replace").splitlines()
+    loaded = [line for line in lines if "INFO model.loader: loaded builtin on cpu" in line]
+    assert len(loaded) == 1, lines[-20:]

@@ -246,6 +246,10 @@ class LiveRun:
         self.views.append(view)
         return view
 
+    def params(self, view: RequestView) -> RequestParams:
+        """What the engine is asked for this prompt, live and in the replays alike."""
+        return RequestParams(view.max_new_tokens, self.sampling)
+
     def due(self, now: float) -> list[RequestView]:
         """Planned prompts whose arrival time has come (in order)."""
         elapsed = now - self.start
@@ -328,8 +332,7 @@ class LiveRun:
 
         def build(index: int, arrival: float) -> Request:
             view = views[index]
-            params = RequestParams(view.max_new_tokens, self.sampling)
-            return batcher.builder.build(view.formatted, params, request_id=view.request_id, arrival=arrival)
+            return batcher.builder.build(view.formatted, self.params(view), request_id=view.request_id, arrival=arrival)
 
         scheduled = ScheduledRun(batcher, Schedule.timed([view.offset_s for view in views]), build)
         yield from scheduled.events()
