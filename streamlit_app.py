@@ -29,6 +29,7 @@ from utils import charts, export
 from utils.charts import Owns
 from utils.log_setup import configure_logging
 from utils.metrics import RunRecord, summarize
+from utils.plain_text import card_heading_html
 from utils.queue import REPLAY_ORDER, Check, LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
 from utils.streaming import Stream, join_new_items
 
@@ -411,7 +412,7 @@ def answers_section(run: LiveRun) -> tuple[st.delta_generator.DeltaGenerator, li
         if index % 2 == 0:
             row = st.columns(2)
         with row[index % 2].container(border=True):
-            st.markdown(f"**#{view.number}** · {escape_markdown(view.prompt)}")
+            st.html(card_heading_html(view.number, view.prompt))  # the prompt as plain text, never markdown
             answer_slots.append((st.empty(), st.empty()))
             draw_answer(view, answer_slots[-1])
     return progress_slot, answer_slots

@@ -22,6 +22,7 @@ from batching.engine.request import FinishReason
 from model.prompting import extract_answer
 from utils import charts
 from utils.metrics import summarize
+from utils.plain_text import card_heading_html
 from utils.queue import CURSOR, LiveRun
 
 APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
@@ -246,6 +247,18 @@ def test_generate_fills_every_placeholder_with_its_final_answer(finished_app: Ap
     assert all(re.match(r"done.*\(slot [12]\) · \d+ tokens · TTFT \d+\.\d\d s · latency", s) for s in statuses)
     assert [view.finished.output_tokens for view in run.views] == [2, 9, 3, 7, 4]  # random weights: caps decide
     assert any(m.value.startswith("**finished** · 5 of 5 done") for m in finished_app.markdown)
+
+
+def test_answer_cards_show_each_prompt_as_plain_text_html(tiny_env: Path) -> None:
+    at = open_app()
+    prompts = ["<b>bold?</b> www.example.com", "mail bob@example.com :material/home: **x**"]
+    for prompt in prompts:
+        add(at, prompt, 2)
+    at.checkbox(key="compare").uncheck().run()
+    generate(at)
+    headings = [element.proto.body for element in at.get("html")]
+    assert headings == [card_heading_html(number, prompt) for number, prompt in enumerate(prompts, start=1)]
+    assert not any("bold?" in element.value or "example.com" in element.value for element in at.markdown)
 
 
 def test_after_a_run_generate_is_enabled_again_and_stop_is_not(finished_app: AppTest) -> None:

@@ -111,3 +111,25 @@ def test_the_server_log_shows_the_engines_info_lines(page, app_server) -> None:
     lines = app_server.log.read_text(encoding="utf-8", errors="replace").splitlines()
     loaded = [line for line in lines if "INFO model.loader: loaded builtin on cpu" in line]
     assert len(loaded) == 1, lines[-20:]
+
+
+RISKY_PROMPT = "See www.example.com, https://example.org/a?b=1 or mail bob@example.com :material/home: \u202eevil"
+
+
+def test_a_prompt_with_links_an_email_an_icon_code_and_a_bidi_override_shows_as_plain_text(page) -> None:
+    main = page.get_by_test_id("stMain")
+    main.get_by_role("button", name="Clear all").click()
+    page.get_by_text("0 of 64 prompts").wait_for()
+    page.wait_for_selector(IDLE)
+    add_prompt(page, RISKY_PROMPT)
+    page.get_by_text("1 of 64 prompts").wait_for()
+    page.wait_for_selector(IDLE)
+    main.get_by_role("button", name="Generate").click()
+    page.get_by_text("1 of 1 done").wait_for(timeout=60_000)
+    page.wait_for_selector(IDLE)
+    heading = main.get_by_test_id("stHtml").filter(has_text="#1 ·")
+    assert heading.count() == 1
+    assert heading.locator("a").count() == 0  # no link from the URL, the bare domain or the e-mail address
+    assert heading.get_by_test_id("stIconMaterial").count() == 0 and heading.locator("svg").count() == 0
+    assert heading.locator("bdi").inner_text() == RISKY_PROMPT  # every character as typed, direction isolated
+    assert heading.inner_text().startswith("#1 · ")

@@ -50,8 +50,8 @@ def switch_off_comparison(page) -> None:
 
 
 def card_headings(page) -> list[tuple[int, str]]:
-    """(number, prompt) of every answer card, in page order: each card opens with `**#n** · prompt`."""
-    texts = main(page).get_by_test_id("stMarkdownContainer").all_inner_texts()
+    """(number, prompt) of every answer card, in page order: each card opens with `#n · prompt` (plain text)."""
+    texts = main(page).get_by_test_id("stHtml").all_inner_texts()
     return [(int(m[1]), m[2]) for text in texts if (m := CARD_HEADING.match(text.strip()))]
 
 
