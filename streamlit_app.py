@@ -339,7 +339,10 @@ def queue_section(page: Page) -> bool:
     with add_col:
         st.text_input("Prompt", key="new_prompt", placeholder="e.g. How do I track my order?")
         cap_col, button_col = st.columns([2, 1], vertical_alignment="bottom")
-        cap_col.number_input("Max new tokens", key="new_cap", value=default_cap, step=1)
+        # Text, not a number box: a number box turns 2.5 into 2 and 1e3 into 1; the queue refuses them as typed.
+        cap_col.text_input(
+            "Max new tokens", value=str(default_cap), key="new_cap", help=f"A whole number from 1 to {max_cap}."
+        )
         button_col.button("Add", on_click=on_add, args=(queue, page.check_prompt), type="primary", width="stretch")
     with example_col:
         examples = builtin_workload_names()
@@ -365,7 +368,7 @@ def queue_section(page: Page) -> bool:
     if state.queue_message:
         st.error(state.queue_message)
     st.data_editor(
-        queue.frame(),
+        queue.editor_frame(),
         key=editor_key,
         num_rows="delete",
         hide_index=False,
@@ -373,8 +376,8 @@ def queue_section(page: Page) -> bool:
         width="stretch",
         column_config={
             "prompt": st.column_config.TextColumn("prompt", width="large"),
-            "max_new_tokens": st.column_config.NumberColumn(
-                "max new tokens", min_value=1, max_value=max_cap, step=1, help="Edit to change this prompt's cap."
+            "max_new_tokens": st.column_config.TextColumn(  # text, so bad input is refused as typed
+                "max new tokens", help=f"Edit to change this prompt's cap: a whole number from 1 to {max_cap}."
             ),
         },
     )

@@ -58,10 +58,11 @@ def button(at: AppTest, label: str):
     return next(b for b in at.button if b.label == label)
 
 
-def add(at: AppTest, prompt: str, cap: int | None = None) -> None:
+def add(at: AppTest, prompt: str, cap: int | str | None = None) -> None:
+    """Type a prompt (and a cap, as text in the cap box) and press Add."""
     at.text_input(key="new_prompt").set_value(prompt)
     if cap is not None:
-        at.number_input(key="new_cap").set_value(cap)
+        at.text_input(key="new_cap").set_value(str(cap))
     button(at, "Add").click().run()
     assert not at.exception, at.exception
 
@@ -105,7 +106,7 @@ def test_page_shows_the_model_and_an_empty_queue(tiny_env: Path) -> None:
     assert "llama" in model_line and "cpu" in model_line and "float32" in model_line
     assert re.search(r"\d+\.\d M parameters", model_line)
     assert queue_rows(at) == []
-    assert at.number_input(key="new_cap").value == CAP
+    assert at.text_input(key="new_cap").value == str(CAP)
     assert not at.error
 
 
@@ -201,6 +202,47 @@ def test_a_bad_cap_edit_gets_an_inline_message_and_changes_nothing(tiny_env: Pat
     edit_table(at, edited={0: {"max_new_tokens": 0}})
     assert any("row 1: max new tokens must be a whole number from 1 to 511" in m for m in errors(at))
     assert queue_rows(at) == [("a?", CAP)]
+
+
+@pytest.mark.parametrize(
+    ("typed", "message"),
+    [
+        ("2.5", "must be a whole number from 1 to 511, not '2.5'"),
+        ("-7", "must be a whole number from 1 to 511, not '-7'"),
+        ("0", "must be a whole number from 1 to 511, not 0"),
+        ("1e3", "must be a whole number from 1 to 511, not '1e3'"),
+        ("", "is empty: type a whole number from 1 to 511"),
+        (None, "is empty: type a whole number from 1 to 511"),
+    ],
+)
+def test_a_cap_typed_in_the_table_is_refused_as_typed_naming_the_row_as_the_table_shows_it(
+    tiny_env: Path, typed: str | None, message: str
+) -> None:
+    at = open_app()
+    for prompt in ("a?", "b?", "c?"):
+        add(at, prompt)
+    table = at.dataframe[0].value  # the queue's editor: its index is what the person sees
+    assert table.index.tolist() == [1, 2, 3] and table["max_new_tokens"].tolist() == [str(CAP)] * 3
+    edit_table(at, edited={1: {"max_new_tokens": typed}})  # the second row, index 2
+    assert errors(at) == [f"row 2: max new tokens {message}"]
+    assert queue_rows(at) == [("a?", CAP), ("b?", CAP), ("c?", CAP)]
+
+
+def test_a_cap_typed_in_the_table_is_kept_exactly_when_valid(tiny_env: Path) -> None:
+    at = open_app()
+    add(at, "a?")
+    edit_table(at, edited={0: {"max_new_tokens": "25"}})
+    assert queue_rows(at) == [("a?", 25)] and not at.error
+
+
+@pytest.mark.parametrize("typed", ["2.5", "-7", "0", "", "1e3", " ", "12abc"])
+def test_a_cap_typed_in_the_box_is_refused_as_typed_and_nothing_is_added(tiny_env: Path, typed: str) -> None:
+    at = open_app()
+    add(at, "How long does shipping take?", typed)
+    (message,) = errors(at)
+    assert message.startswith("max new tokens ") and "a whole number from 1 to 511" in message
+    assert queue_rows(at) == []
+    assert at.text_input(key="new_prompt").value == "How long does shipping take?"
 
 
 def test_deleting_rows_in_the_table_removes_them(tiny_env: Path) -> None:

@@ -49,6 +49,18 @@ def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None
     # The table is redrawn from the canonical queue: the edited prompt is now first, with its new cap.
     assert grid.get_by_test_id("glide-cell-2-0").text_content() == "What's your return policy?"
     assert grid.get_by_test_id("glide-cell-3-0").text_content() == "5"
+    assert grid.get_by_test_id("glide-cell-1-0").text_content() == "1"  # the index counts from 1, as messages do
+
+    # A cap typed as 2.5 reaches the queue as typed and is refused, naming the row as the table's index shows it.
+    page.mouse.click(box["x"] + box["width"] - 40, row_y(0))
+    page.wait_for_timeout(300)
+    page.keyboard.type("2.5")
+    page.wait_for_timeout(300)
+    page.keyboard.press("Enter")
+    page.get_by_text("row 1: max new tokens must be a whole number from 1 to").wait_for()
+    page.wait_for_selector(IDLE)
+    assert page.get_by_text("not '2.5'").count() == 1
+    assert grid.get_by_test_id("glide-cell-3-0").text_content() == "5"  # unchanged
 
 
 def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, record_property, tmp_path) -> None:

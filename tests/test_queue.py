@@ -36,7 +36,7 @@ def test_an_empty_prompt_is_refused_and_the_queue_is_unchanged(prompt: object) -
     assert [item.prompt for item in queue.items] == ["kept"]
 
 
-@pytest.mark.parametrize("cap", [0, -3, 101, 2.5, True, "12", None])
+@pytest.mark.parametrize("cap", [0, -3, 101, 2.5, True, None, "", " ", "2.5", "-7", "0", "1e3", "+5", "12.0", "101"])
 def test_a_cap_out_of_range_is_refused_with_the_allowed_range(cap: object) -> None:
     queue = PromptQueue(max_items=4, max_cap=100)
     with pytest.raises(QueueError, match="from 1 to 100"):
@@ -46,6 +46,30 @@ def test_a_cap_out_of_range_is_refused_with_the_allowed_range(cap: object) -> No
 
 def test_a_whole_float_cap_is_accepted_as_an_int() -> None:
     assert PromptQueue(4, 100).add("fine", 7.0).max_new_tokens == 7
+
+
+@pytest.mark.parametrize(("typed", "cap"), [("12", 12), (" 7 ", 7), ("100", 100), ("1", 1)])
+def test_a_cap_typed_as_digits_is_kept_exactly(typed: str, cap: int) -> None:
+    assert PromptQueue(4, 100).add("fine", typed).max_new_tokens == cap
+
+
+@pytest.mark.parametrize(
+    ("typed", "shown"), [("2.5", "not '2.5'"), ("1e3", "not '1e3'"), ("-7", "not '-7'"), ("www.x.com", "not that text")]
+)
+def test_a_refused_cap_is_echoed_as_typed_unless_it_is_not_number_like(typed: str, shown: str) -> None:
+    with pytest.raises(QueueError) as refused:
+        PromptQueue(4, 100).add("fine", typed)
+    assert str(refused.value) == f"max new tokens must be a whole number from 1 to 100, {shown}"
+
+
+def test_the_editor_numbers_rows_from_1_like_the_messages_and_shows_caps_as_text() -> None:
+    queue = PromptQueue(max_items=4, max_cap=100)
+    for prompt in ("a", "b"):
+        queue.add(prompt, 5)
+    frame = queue.editor_frame()
+    assert frame.index.tolist() == [1, 2] and frame["max_new_tokens"].tolist() == ["5", "5"]
+    problems = queue.apply_edits({"edited_rows": {1: {"max_new_tokens": "2.5"}}})
+    assert problems == ["row 2: max new tokens must be a whole number from 1 to 100, not '2.5'"]
 
 
 def test_a_prompt_the_engine_refuses_is_refused_with_the_engines_message() -> None:

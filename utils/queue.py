@@ -55,10 +55,20 @@ class PromptQueue:
         return len(self.items)
 
     def check_cap(self, cap: object) -> int:
-        if isinstance(cap, float) and cap.is_integer():
+        """The cap as a whole number in range, or a QueueError. Text (the cap box, the table) must be digits only:
+        `2.5`, `-7`, `1e3` or an empty cell are refused as typed, never rounded, truncated or skipped."""
+        allowed = f"a whole number from 1 to {self.max_cap}"
+        if cap is None or (isinstance(cap, str) and not cap.strip()):
+            raise QueueError(f"max new tokens is empty: type {allowed}")
+        if isinstance(cap, str):
+            typed = cap.strip()
+            if not _DIGITS.fullmatch(typed):
+                raise QueueError(f"max new tokens must be {allowed}, not {_as_typed(typed)}")
+            cap = int(typed)
+        elif isinstance(cap, float) and cap.is_integer():
             cap = int(cap)
         if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= self.max_cap:
-            raise QueueError(f"max new tokens must be a whole number from 1 to {self.max_cap}, not {cap!r}")
+            raise QueueError(f"max new tokens must be {allowed}, not {cap!r}")
         return cap
 
     def _checked(self, prompt: object, cap: object, check: Check | None) -> tuple[str, int]:
@@ -108,7 +118,8 @@ class PromptQueue:
     def apply_edits(self, delta: Mapping, check: Check | None = None) -> list[str]:
         """Apply a data editor's change set (edited caps, deleted rows); returns a message per refused edit.
 
-        Row numbers in the change set are positions in the table as it was shown, i.e. in `items` now.
+        Row numbers in the change set are positions in the table as it was shown, i.e. in `items` now; messages
+        name a row by the table's index, which counts from 1 (see `editor_frame`).
         """
         problems = []
         items = list(self.items)
@@ -128,11 +139,28 @@ class PromptQueue:
         return problems
 
     def frame(self) -> pd.DataFrame:
-        """What the data editor shows: one row per prompt."""
+        """One row per prompt: its text and cap."""
         return pd.DataFrame(
             {"prompt": [i.prompt for i in self.items], "max_new_tokens": [i.max_new_tokens for i in self.items]},
             columns=["prompt", "max_new_tokens"],
         )
+
+    def editor_frame(self) -> pd.DataFrame:
+        """What the data editor shows: rows indexed from 1 (as messages and answer cards number them), caps as
+        text, so what a person types reaches `apply_edits` unchanged (a number cell would reshape it first)."""
+        frame = self.frame()
+        frame["max_new_tokens"] = frame["max_new_tokens"].astype(str)
+        frame.index = pd.RangeIndex(1, len(frame) + 1)
+        return frame
+
+
+_DIGITS = re.compile(r"[0-9]+")
+_NUMBER_LIKE = re.compile(r"[0-9eE.+\- ]{1,24}")
+
+
+def _as_typed(text: str) -> str:
+    """How a refused cap is echoed: number-like text as typed; anything else is not repeated (it is user text)."""
+    return repr(text) if _NUMBER_LIKE.fullmatch(text) else "that text"
 
 
 def has_edits(delta: object) -> bool:
