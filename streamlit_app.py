@@ -22,7 +22,14 @@ from batching.engine.builder import RequestBuilder
 from batching.engine.events import FinishedEvent
 from batching.engine.params import RequestParams, SamplingParams
 from batching.service import EngineService, ServiceLimits, Session
-from config.settings import ModelSettings, Settings, SettingsError, TokenizerSettings, load_settings
+from config.settings import (
+    ModelSettings,
+    Settings,
+    SettingsError,
+    TokenizerSettings,
+    load_settings,
+    setting_warnings,
+)
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
 from utils import charts, export
@@ -146,6 +153,9 @@ class ChartLayout:
 
 # --- settings, model, sidebar ----------------------------------------------------------------------------------
 def settings_or_stop() -> Settings:
+    """The settings; misspelt names are warned about first (they may be why a value is not what was meant)."""
+    for line in setting_warnings():
+        st.warning(escape_markdown(line))
     try:
         return load_settings()
     except SettingsError as exc:

@@ -434,6 +434,35 @@ def test_a_bad_setting_shows_one_clear_message(tiny_env: Path, monkeypatch: pyte
     assert not at.button  # the page stops there
 
 
+def test_a_dotenv_that_is_not_utf8_shows_one_line_not_a_traceback(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / ".env").write_bytes(b"BATCHSCOPE_PROMPT__SYSTEM_PROMPT=caf\xe9\n")
+    monkeypatch.chdir(tmp_path)  # .env is read from the working folder
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert [element.value for element in at.error] == [
+        f"A setting is not valid: {tmp_path.resolve() / '.env'}: byte 0xE9 at offset 36 (line 1) is not utf-8; "
+        "save the file as UTF-8"
+    ]
+    assert not at.button
+
+
+def test_a_misspelt_setting_is_warned_about_and_the_page_still_works(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCH_SIZ", "3")
+    at = open_app()
+    (warning,) = [element.value.replace("\\", "") for element in at.warning]  # shown escaped: markdown-safe
+    assert warning == (
+        "BATCHSCOPE_BATCHING__MAX_BATCH_SIZ (environment variable) is not a setting and is ignored; "
+        "did you mean BATCHSCOPE_BATCHING__MAX_BATCH_SIZE?"
+    )
+    assert at.slider(key="batch_size").value == 8  # the misspelt value was ignored, as the warning says
+    add(at, "Hi", 2)
+    assert queue_rows(at) == [("Hi", 2)]
+
+
 def test_a_missing_model_folder_says_which_setting_to_change(tiny_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", "/nonexistent/model")
     at = AppTest.from_file(APP, default_timeout=30).run()
