@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -480,7 +481,43 @@ def test_a_broken_model_folder_shows_a_message_not_a_traceback(
     at = AppTest.from_file(APP, default_timeout=30).run()
     assert not at.exception
     assert len(at.error) == 1 and "could not be loaded" in at.error[0].value
-    assert "BATCHSCOPE_MODEL__NAME_OR_PATH" in at.error[0].value
+    assert (
+        f"BATCHSCOPE_MODEL__NAME_OR_PATH={tmp_path}: the folder {tmp_path} does not hold a model" in at.error[0].value
+    )
+    assert "hub" not in at.error[0].value
+
+
+def test_a_folder_with_a_corrupt_config_says_what_is_wrong_with_the_folder(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama",')
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert [element.value for element in at.error] == [
+        f"The model could not be loaded: BATCHSCOPE_MODEL__NAME_OR_PATH={tmp_path}: {tmp_path / 'config.json'} is not "
+        "valid JSON (Expecting property name enclosed in double quotes at line 1, column 24); save the model again "
+        "with save_pretrained, or set BATCHSCOPE_MODEL__NAME_OR_PATH=builtin"
+    ]
+
+
+def test_an_unreachable_hub_id_fails_fast_on_every_new_page_until_settings_change(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model import loader
+
+    monkeypatch.setattr(loader, "_hub_failures", {})
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with socket.socket() as probe:  # a port nothing listens on once this socket is closed
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", "nobody-here/app-unreachable-xyz")
+    pages = [AppTest.from_file(APP, default_timeout=30).run() for _ in range(2)]  # two tabs
+    for at in pages:
+        assert not at.exception and len(at.error) == 1
+        assert f"the model hub ({endpoint}) cannot be reached" in at.error[0].value
+    assert pages[0].error[0].value == pages[1].error[0].value and len(loader._hub_failures) == 1
 
 
 # --- the embedded model -------------------------------------------------------------------------------------------
