@@ -51,6 +51,10 @@ CONTINUOUS_LIVE = "Live: your run on the shared engine, drawn as it happens."
 CONTINUOUS_REPLAYED = "Your queue replayed on a private continuous batcher, measured the same way as static batching."
 STATIC_LATER = "The same queue on a private static batcher (fixed waves), measured after your run."
 ARRIVALS = ("all at once", "staggered", "Poisson")
+SEED_NOTE = (
+    "Request #n samples with seed + n − 1: identical prompts get different answers, and the same queue gets the same "
+    "answers run after run. The seed also draws Poisson arrivals."
+)
 POLICY_NAMES = {
     "fcfs": "first come, first served",
     "shortest-first": "shortest cap first",
@@ -212,6 +216,7 @@ def sidebar(settings: Settings) -> Choices:
             top_p = st.slider("Top-p", 0.05, 1.0, max(gen.top_p, 0.05), 0.05)
         repetition_penalty = st.number_input("Repetition penalty", 0.5, 3.0, min(max(gen.repetition_penalty, 0.5), 3.0))
         seed = st.number_input("Seed", 0, 2**31 - 1, gen.seed)
+        st.caption(SEED_NOTE)
         st.header("Prompt")
         system_prompt = st.text_area("System prompt", settings.prompt.system_prompt, height=100)
         st.header("Arrivals")

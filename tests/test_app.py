@@ -417,6 +417,21 @@ def test_sampling_policy_and_staggered_arrivals_reach_the_engine(tiny_env: Path)
         assert sorted(e.arrival - replay.start for e in replay.finished) == pytest.approx([0.0, 0.2, 0.4], abs=0.01)
 
 
+def test_sampled_requests_get_seeds_from_the_sidebar_seed_and_replay_identically(tiny_env: Path) -> None:
+    at = open_app()
+    for _ in range(3):
+        add(at, "same?", 3)
+    at.radio(key="decoding").set_value("sample").run()
+    next(box for box in at.number_input if box.label == "Seed").set_value(5).run()
+    assert any("Request #n samples with seed + n − 1" in caption.value for caption in at.sidebar.caption)
+    run = generate(at)
+    assert [run.params(view).sampling.seed for view in run.views] == [5, 6, 7]
+    assert run.sampling.seed == 5 and at.session_state.run_setup["sampling"]["seed"] == 5
+    records = {"live": run.record, **run.replays}
+    answers = {mode: {e.request_id: e.output_ids for e in record.finished} for mode, record in records.items()}
+    assert answers["live"] == answers["continuous"] == answers["static"]  # each request's seed goes with it
+
+
 def test_a_second_run_replaces_the_first(finished_app: AppTest) -> None:
     first = finished_app.session_state.run
     button(finished_app, "Clear all").click().run()

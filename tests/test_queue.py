@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -10,7 +11,7 @@ from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
-from utils.queue import CURSOR, LiveRun, PromptQueue, QueueError, escape_markdown, has_edits
+from utils.queue import CURSOR, LiveRun, PromptQueue, QueueError, escape_markdown, has_edits, request_sampling
 
 
 def refuse_long(prompt: str, cap: int) -> None:
@@ -292,3 +293,36 @@ def test_the_comparison_replays_in_abba_order_and_keeps_each_modes_faster_run(ti
     assert run.replays["static"] is instant  # the faster record is kept
     assert run.replays["continuous"] is not endless and run.replays["continuous"].mode == "continuous"
     assert len(run.replays["continuous"].finished) == 3
+
+
+# --- per-request sampling seeds -----------------------------------------------------------------------------------
+def test_each_request_samples_with_its_own_seed_derived_from_the_chosen_one() -> None:
+    sampling = SamplingParams(do_sample=True, temperature=0.7, top_k=5, seed=41)
+    run = LiveRun(start=0.0, owner_prefix="s1/", slots=2, sampling=sampling)
+    views = [run.plan("same?", "Q: same?\nA:", 4, 0.0) for _ in range(3)]
+    params = [run.params(view) for view in views]
+    assert [p.sampling.seed for p in params] == [41, 42, 43]
+    assert all(p.sampling == replace(sampling, seed=p.sampling.seed) for p in params)  # nothing else changes
+    assert request_sampling(sampling, 1) == sampling  # a single prompt samples exactly as the seed says
+    assert [p.max_new_tokens for p in params] == [4, 4, 4]
+
+
+def sampled_answers(loaded, seed: int, copies: int) -> list[tuple[int, ...]]:
+    """`copies` identical prompts, sampled on a private batcher through the same path as the page's replays."""
+    sampling = SamplingParams(do_sample=True, temperature=5.0, seed=seed)  # flat: answers depend on the seed
+    run = LiveRun(start=0.0, owner_prefix="s1/", slots=4, sampling=sampling)
+    for number in range(1, copies + 1):
+        run.submitted(run.plan("same?", "Q: same question\nA:", 6, 0.0), f"s1/{number}", 0.0)
+    list(run.replay(Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=4), mode="continuous")))
+    finished = {event.request_id: event.output_ids for event in run.replays["continuous"].finished}
+    return [finished[f"s1/{number}"] for number in range(1, copies + 1)]
+
+
+def test_identical_prompts_sampled_get_different_answers_and_the_same_ones_run_after_run(tiny_model_dirs) -> None:
+    from tests.engine_helpers import loaded as load
+
+    loaded = load(str(tiny_model_dirs["llama"]))
+    first = sampled_answers(loaded, seed=7, copies=8)
+    assert len(set(first)) > 1  # with one seed for all, eight identical prompts gave eight identical answers
+    assert sampled_answers(loaded, seed=7, copies=8) == first  # reproducible
+    assert sampled_answers(loaded, seed=8, copies=8)[:7] == first[1:]  # request n with seed s = n-1 with seed s+1

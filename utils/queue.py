@@ -10,7 +10,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -29,6 +29,11 @@ CURSOR = "▌"
 # The comparison replays the queue in this order; drift and warm-up then hit both modes alike, and the faster
 # replay of each mode is the one shown (the usual way to time on a busy machine).
 REPLAY_ORDER = ("continuous", "static", "static", "continuous")
+
+
+def request_sampling(sampling: SamplingParams, number: int) -> SamplingParams:
+    """Request #`number`'s sampling: the chosen parameters with its own seed, derived from the chosen one."""
+    return replace(sampling, seed=sampling.seed + number - 1)
 
 
 class QueueError(ValueError):
@@ -275,8 +280,9 @@ class LiveRun:
         return view
 
     def params(self, view: RequestView) -> RequestParams:
-        """What the engine is asked for this prompt, live and in the replays alike."""
-        return RequestParams(view.max_new_tokens, self.sampling)
+        """What the engine is asked for this prompt, live and in the replays alike. Request #n samples with the
+        chosen seed + n - 1: identical prompts get different answers, and the same queue the same answers."""
+        return RequestParams(view.max_new_tokens, request_sampling(self.sampling, view.number))
 
     def due(self, now: float) -> list[RequestView]:
         """Planned prompts whose arrival time has come (in order)."""
