@@ -139,6 +139,17 @@ def test_timeline_labels_your_requests_and_marks_the_others(shared_run: RunRecor
     assert spec["layer"][0]["encoding"]["y"]["scale"]["domain"] == [1, 2, 3]
 
 
+def test_timeline_writes_only_your_requests_labels_on_the_bars(shared_run: RunRecord, static_run: RunRecord) -> None:
+    """Other users' labels overlapped into a smear: their bars carry no text (the tooltip still names them)."""
+    frame = charts.timeline_frame(shared_run, {"s1/1": "#1", "s1/2": "#2"}, owns)
+    assert frame["text"].tolist() == ["#1", "#2", ""]
+    held = charts.timeline_frame(static_run, {"a": "#1", "b": "#2"})
+    assert held.loc[held["who"] == charts.HELD, "text"].tolist() == [""]
+    text_layer = charts.timeline_chart(frame, slots=3).to_dict()["layer"][1]
+    assert text_layer["mark"]["type"] == "text" and text_layer["encoding"]["text"]["field"] == "text"
+    assert text_layer["transform"] == [{"filter": "(datum.text !== '')"}]
+
+
 def test_timeline_of_a_static_wave_shows_the_held_idle_stretch(static_run: RunRecord) -> None:
     frame = charts.timeline_frame(static_run, {"a": "#1", "b": "#2"})
     held = frame[frame["who"] == charts.HELD]

@@ -231,6 +231,29 @@ def test_stop_drops_prompts_not_yet_sent_and_a_stopped_run_is_not_compared() -> 
     assert run.views[0].status_line().startswith("cancelled")
 
 
+def test_the_progress_line_counts_stopped_and_failed_requests_apart_from_done_ones() -> None:
+    run = LiveRun(start=100.0, owner_prefix="s1/", slots=2)
+    for number in (1, 2, 3, 4):
+        run.submitted(run.plan(f"q{number}", f"Q: q{number}\nA:", 8, 0.0), f"s1/{number}", 100.0)
+    run.plan("q5", "Q: q5\nA:", 8, 5.0)
+    run.fold([finished("s1/1", " ok", 1, 0)])
+    run.stop()
+    run.fold(
+        [
+            finished("s1/2", "", 0, 1, reason=FinishReason.CANCELLED),
+            finished("s1/3", " partial", 2, 0, reason=FinishReason.CANCELLED),
+            finished("s1/4", "", 0, 1, reason=FinishReason.ERROR),
+        ]
+    )
+    assert run.done
+    assert run.counts() == {
+        "scheduled": 0, "waiting": 0, "running": 0, "done": 1, "cancelled": 2, "failed": 1, "refused": 1
+    }  # fmt: skip
+    assert run.progress_line(now=200.0) == (
+        "**stopped** · 1 of 5 done · 0 in a slot · 0 waiting · 2 cancelled · 1 failed · 1 not run · 1.0 s"
+    )
+
+
 def test_a_refused_prompt_says_why_and_does_not_hold_the_run_open() -> None:
     run = two_prompt_run()
     run.refuse(run.views[0], "the engine is full")

@@ -252,6 +252,9 @@ _REASONS = {
 }
 
 
+_NOT_DONE = {FinishReason.CANCELLED: "cancelled", FinishReason.ERROR: "failed"}
+
+
 @dataclass
 class LiveRun:
     """A run of the queue on the shared engine: who is where, the answers so far, and everything measured."""
@@ -382,9 +385,13 @@ class LiveRun:
         return REPLAY_ORDER[self.replayed] if self.replayed < len(REPLAY_ORDER) else None
 
     def counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(("scheduled", "waiting", "running", "done", "refused"), 0)
+        """How many prompts are where; a cancelled (Stop) or failed request is not counted as done."""
+        counts = dict.fromkeys(("scheduled", "waiting", "running", "done", "cancelled", "failed", "refused"), 0)
         for view in self.views:
-            counts[view.status] += 1
+            status = view.status
+            if status == "done" and view.finished.reason in _NOT_DONE:
+                status = _NOT_DONE[view.finished.reason]
+            counts[status] += 1
         return counts
 
     def progress_line(self, now: float) -> str:
@@ -394,6 +401,9 @@ class LiveRun:
         parts.append(f"{counts['waiting']} waiting")
         if counts["scheduled"]:
             parts.append(f"{counts['scheduled']} yet to arrive")
+        for status in ("cancelled", "failed"):
+            if counts[status]:
+                parts.append(f"{counts[status]} {status}")
         if counts["refused"]:
             parts.append(f"{counts['refused']} not run")
         verb = "running" if not self.done else "stopped" if self.stopped else "finished"
