@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 import streamlit as st
 import torch
+from streamlit.delta_generator import DeltaGenerator
 
 from batching.arrivals import Schedule
 from batching.bench.workloads import builtin_workload_names, load_workload
@@ -150,9 +151,9 @@ class Page:
 class ChartLayout:
     """The placeholders of section 3: a progress bar for the replays, column notes, and each chart's two sides."""
 
-    replay: st.delta_generator.DeltaGenerator
-    notes: tuple[st.delta_generator.DeltaGenerator, st.delta_generator.DeltaGenerator]
-    slots: dict[str, tuple[st.delta_generator.DeltaGenerator, st.delta_generator.DeltaGenerator]]
+    replay: DeltaGenerator
+    notes: tuple[DeltaGenerator, DeltaGenerator]
+    slots: dict[str, tuple[DeltaGenerator, DeltaGenerator]]
 
 
 # --- settings, model, sidebar ----------------------------------------------------------------------------------
@@ -411,7 +412,7 @@ def queue_section(page: Page) -> bool:
 
 
 # --- 2. answers, streaming -------------------------------------------------------------------------------------
-AnswerSlots = tuple[st.delta_generator.DeltaGenerator, st.delta_generator.DeltaGenerator]
+AnswerSlots = tuple[DeltaGenerator, DeltaGenerator]
 
 
 def draw_answer(view: RequestView, slots: AnswerSlots) -> None:
@@ -421,7 +422,7 @@ def draw_answer(view: RequestView, slots: AnswerSlots) -> None:
     text_slot.text(view.shown_text())
 
 
-def answers_section(run: LiveRun) -> tuple[st.delta_generator.DeltaGenerator, list[AnswerSlots]]:
+def answers_section(run: LiveRun) -> tuple[DeltaGenerator, list[AnswerSlots]]:
     """One card per prompt (its heading, status and answer); returns the progress line's and the cards' slots."""
     st.header("2 · Answers")
     progress_slot = st.empty()
@@ -482,7 +483,7 @@ def stream(
     run: LiveRun,
     session: Session,
     compare: bool,
-    progress_slot: st.delta_generator.DeltaGenerator,
+    progress_slot: DeltaGenerator,
     answer_slots: list[AnswerSlots],
     layout: ChartLayout,
 ) -> None:
@@ -508,7 +509,7 @@ def stream(
 # The live run shared its CPU with the page drawing it (and maybe with other users), so its timings are not a fair
 # match for a static run; the headline compares two replays that only differ in how they batch. They run right after
 # the live run, before the page is redrawn, so the browser is quiet while they are timed.
-def replay_all(page: Page, run: LiveRun, engine: dict, slot: st.delta_generator.DeltaGenerator) -> None:
+def replay_all(page: Page, run: LiveRun, engine: dict, slot: DeltaGenerator) -> None:
     """Replay the queue in REPLAY_ORDER (resuming where an interrupted script run left off), with a progress bar."""
     total = len(REPLAY_ORDER) * len(run.views)
     while (mode := run.next_replay) is not None:
