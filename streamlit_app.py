@@ -406,7 +406,7 @@ def queue_section(page: Page) -> bool:
     go_col, stop_col, _ = st.columns([1, 1, 4])
     go_col.button("Generate", on_click=start_run, args=(page, queue), type="primary", disabled=running, width="stretch")
     stop_col.button("Stop", on_click=on_stop, disabled=not running, width="stretch")
-    if running:  # prompts added while a run is streaming join it at once: the engine is shared and keeps going
+    if run is not None and running:  # prompts added mid-run join it at once: the engine is shared and keeps going
         join_new_items(run, queue.items, state.run_items, page.formatted, time.perf_counter())
     return running
 
