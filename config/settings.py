@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
+from dotenv import dotenv_values
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "BATCHSCOPE_"
 ENV_DELIMITER = "__"
+ENV_FILE = ".env"  # in the working folder
+ENV_FILE_ENCODING = "utf-8"
 
 Policy = Literal["fcfs", "shortest-first", "longest-first"]
 # The Q/A format the embedded model was trained on (model.prompting fills it).
@@ -112,8 +119,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_nested_delimiter=ENV_DELIMITER,
-        env_file=".env",
-        env_file_encoding="utf-8",
+        env_file=ENV_FILE,
+        env_file_encoding=ENV_FILE_ENCODING,
         extra="ignore",
     )
 
@@ -138,6 +145,8 @@ def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment and `.env`, raising `SettingsError` with one line per bad value."""
     try:
         return Settings(**overrides)
+    except UnicodeDecodeError as exc:  # only `.env` is read as bytes
+        raise SettingsError(_not_utf8(Path(ENV_FILE).resolve(), exc)) from None
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
@@ -145,3 +154,49 @@ def load_settings(**overrides: object) -> Settings:
             shown = "" if isinstance(value, dict) else f"={value}"
             problems.append(f"{_env_name(error['loc'])}{shown}: {error['msg']}")
         raise SettingsError("; ".join(problems)) from None
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> str:
+    data = exc.object if isinstance(exc.object, bytes) else b""
+    line = data[: exc.start].count(b"\n") + 1
+    return (
+        f"{path}: byte 0x{data[exc.start]:02X} at offset {exc.start} (line {line}) is not {ENV_FILE_ENCODING}; "
+        f"save the file as {ENV_FILE_ENCODING.upper()}"
+    )
+
+
+def setting_names() -> list[str]:
+    """Every variable name that is a setting: `BATCHSCOPE_<GROUP>__<FIELD>`, and each group as a whole (JSON)."""
+    names = []
+    for group, info in Settings.model_fields.items():
+        names.append(_env_name((group,)))
+        names += [_env_name((group, field)) for field in info.annotation.model_fields]
+    return names
+
+
+def setting_warnings(environ: Mapping[str, str] | None = None, env_file: Path | str = ENV_FILE) -> list[str]:
+    """One line per `BATCHSCOPE_` environment variable, and per `.env` key, that is not a setting (and so is
+    ignored), with the closest valid name. For every entry point at start-up: the page, the CLI, the server."""
+    environ = os.environ if environ is None else environ
+    valid = setting_names()
+    known = set(valid)
+    unknown = [(name, "environment variable") for name in environ if name.upper().startswith(ENV_PREFIX)]
+    path = Path(env_file)
+    if path.is_file():
+        try:
+            keys = dotenv_values(path, encoding=ENV_FILE_ENCODING)
+        except UnicodeDecodeError:  # load_settings says so, in one line
+            keys = {}
+        unknown += [(key, f"key in {path.resolve()}") for key in keys]
+    warnings = []
+    for name, where in unknown:
+        if name.upper() in known:
+            continue
+        # Compared without the prefix, which every name shares and which would make any name look close.
+        query = name.upper().removeprefix(ENV_PREFIX)
+        close = difflib.get_close_matches(query, [v.removeprefix(ENV_PREFIX) for v in valid], n=1, cutoff=0.6)
+        hint = (
+            f"; did you mean {ENV_PREFIX}{close[0]}?" if close else f"; settings are named {ENV_PREFIX}<GROUP>__<FIELD>"
+        )
+        warnings.append(f"{name} ({where}) is not a setting and is ignored{hint}")
+    return warnings

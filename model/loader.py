@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,11 @@ logger = logging.getLogger(__name__)
 BUILTIN_NAME = "builtin"
 BUILTIN_MODEL_DIR = Path(__file__).resolve().parent / "builtin"
 MODEL_SETTING = "BATCHSCOPE_MODEL__NAME_OR_PATH"
+# Before loading from the hub, one request checks it answers: unreachable, the hub library retries for about a minute.
+HUB_TIMEOUT_S = 3.0
+# A hub model that could not be had offline or without a connection fails the same way until something changes:
+# remembered per (model settings, offline flag, hub address) for the life of the process, so a new tab does not wait.
+_hub_failures: dict[tuple[str, bool, str], ModelLoadError] = {}
 
 
 class ModelLoadError(RuntimeError):
@@ -109,16 +117,102 @@ def gptq_config(settings: ModelSettings, tokenizer: PreTrainedTokenizerBase) -> 
     )
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def _hub_error(settings: ModelSettings, exc: Exception) -> ModelLoadError:
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return ModelLoadError(
         f"could not load {MODEL_SETTING}={settings.name_or_path}: not a local folder, and the model hub "
-        f"could not provide it ({first_line[:160]}); set {MODEL_SETTING}=builtin or to a local folder"
+        f"could not provide it ({_first_line(exc)[:160]}); set {MODEL_SETTING}=builtin or to a local folder"
+    )
+
+
+def check_local_folder(folder: Path, name: str) -> None:
+    """Say what is wrong with a local model folder's config.json before transformers reads it."""
+    config = folder / "config.json"
+    problem = None
+    try:
+        data = json.loads(config.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or type(exc).__name__})"
+    except UnicodeDecodeError as exc:
+        problem = f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02X} at offset {exc.start})"
+    except json.JSONDecodeError as exc:
+        problem = f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+    else:
+        if not isinstance(data, dict):
+            problem = f"holds a JSON {type(data).__name__}, not the object of a model's configuration"
+    if problem:
+        raise ModelLoadError(
+            f"{MODEL_SETTING}={name}: {config} {problem}; save the model again with save_pretrained, "
+            f"or set {MODEL_SETTING}=builtin"
+        )
+
+
+def _folder_error(settings: ModelSettings, folder: str, exc: Exception) -> ModelLoadError:
+    detail = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip()) or type(exc).__name__
+    return ModelLoadError(
+        f"{MODEL_SETTING}={settings.name_or_path}: the folder {folder} does not hold a model transformers can load "
+        f"({type(exc).__name__}: {detail[:200]}); save the model again with save_pretrained, "
+        f"or set {MODEL_SETTING}=builtin"
+    )
+
+
+def hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE, read now (the hub library reads it once, at import)."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+    )
+
+
+def hub_unreachable(endpoint: str, timeout_s: float = HUB_TIMEOUT_S) -> str | None:
+    """None when the hub answers one request within `timeout_s`, else why not, in a few words.
+
+    Asked from a thread so a name lookup that hangs (which a socket timeout does not cover) cannot hold us longer.
+    """
+    from huggingface_hub.utils import get_session
+
+    outcome: dict[str, BaseException | None] = {}
+
+    def probe() -> None:
+        try:
+            get_session().head(endpoint, timeout=timeout_s)
+        except Exception as exc:  # any failure to get an answer means: not reachable from here, now
+            outcome["error"] = exc
+        else:
+            outcome["error"] = None
+
+    thread = threading.Thread(target=probe, name="batchscope-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 1.0)
+    if "error" not in outcome:
+        return f"the model hub ({endpoint}) did not answer within {timeout_s:g} s"
+    error = outcome["error"]
+    return None if error is None else f"the model hub ({endpoint}) cannot be reached ({_first_line(error)[:120]})"
+
+
+def _offline_error(settings: ModelSettings, reason: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"could not load {MODEL_SETTING}={settings.name_or_path}: {reason}, and the model is not in the local hub "
+        f"cache; set {MODEL_SETTING}=builtin or to a local folder (or connect, and restart the app)"
     )
 
 
 def load_tokenizer(
-    source: str, settings: ModelSettings, tokenizer_settings: TokenizerSettings
+    source: str, settings: ModelSettings, tokenizer_settings: TokenizerSettings, local_only: bool = False
 ) -> PreTrainedTokenizerBase:
     """Load the tokenizer with the configured sides, and make sure it has a pad token."""
     tokenizer = AutoTokenizer.from_pretrained(
@@ -126,6 +220,7 @@ def load_tokenizer(
         revision=settings.revision,
         use_fast=tokenizer_settings.use_fast,
         trust_remote_code=settings.trust_remote_code,
+        local_files_only=local_only,
     )
     tokenizer.padding_side = tokenizer_settings.padding_side
     tokenizer.truncation_side = tokenizer_settings.truncation_side
@@ -135,16 +230,30 @@ def load_tokenizer(
 
 
 def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | None = None) -> LoadedModel:
-    """Load model and tokenizer for inference: eval mode, no gradients, placed with accelerate's device_map."""
+    """Load model and tokenizer for inference: eval mode, no gradients, placed with accelerate's device_map.
+
+    A hub id is loaded from the local cache alone when HF_HUB_OFFLINE is set or the hub does not answer a short
+    request; if that fails, the failure is remembered until the settings change (see `_hub_failures`).
+    """
     started = time.perf_counter()
     tokenizer_settings = tokenizer_settings or TokenizerSettings()
     source = resolve_source(settings.name_or_path)
+    local = Path(source).is_dir()
+    offline_reason = None
+    if local:
+        check_local_folder(Path(source), settings.name_or_path)
+    else:
+        offline, endpoint = hub_offline(), hub_endpoint()
+        key = (settings.model_dump_json(), offline, endpoint)
+        if key in _hub_failures:
+            raise _hub_failures[key]
+        offline_reason = "HF_HUB_OFFLINE is set" if offline else hub_unreachable(endpoint)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     if settings.use_gptq:
         require_gptq(device)
     try:
-        tokenizer = load_tokenizer(source, settings, tokenizer_settings)
+        tokenizer = load_tokenizer(source, settings, tokenizer_settings, local_only=offline_reason is not None)
         quantization = gptq_config(settings, tokenizer) if settings.use_gptq else None
         model = AutoModelForCausalLM.from_pretrained(
             source,
@@ -154,11 +263,20 @@ def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | 
             device_map="auto" if device.type == "cuda" else device.type,
             trust_remote_code=settings.trust_remote_code,
             quantization_config=quantization,
+            local_files_only=offline_reason is not None,
         )
     except ModelLoadError:
         raise
-    except (OSError, ValueError) as exc:
-        raise _hub_error(settings, exc) from exc
+    except Exception as exc:
+        if local:  # a broken folder fails in many ways; each is about the folder
+            raise _folder_error(settings, source, exc) from exc
+        if offline_reason is not None:
+            error = _offline_error(settings, offline_reason)
+            _hub_failures[key] = error
+            raise error from exc
+        if isinstance(exc, (OSError, ValueError)):
+            raise _hub_error(settings, exc) from exc
+        raise
     model.eval()
     model.requires_grad_(False)
     if model.generation_config.pad_token_id is None:

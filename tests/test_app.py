@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from batching.engine.request import FinishReason
 from model.prompting import extract_answer
 from utils import charts
 from utils.metrics import summarize
+from utils.plain_text import card_heading_html
 from utils.queue import CURSOR, LiveRun
 
 APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
@@ -57,10 +59,11 @@ def button(at: AppTest, label: str):
     return next(b for b in at.button if b.label == label)
 
 
-def add(at: AppTest, prompt: str, cap: int | None = None) -> None:
+def add(at: AppTest, prompt: str, cap: int | str | None = None) -> None:
+    """Type a prompt (and a cap, as text in the cap box) and press Add."""
     at.text_input(key="new_prompt").set_value(prompt)
     if cap is not None:
-        at.number_input(key="new_cap").set_value(cap)
+        at.text_input(key="new_cap").set_value(str(cap))
     button(at, "Add").click().run()
     assert not at.exception, at.exception
 
@@ -104,7 +107,7 @@ def test_page_shows_the_model_and_an_empty_queue(tiny_env: Path) -> None:
     assert "llama" in model_line and "cpu" in model_line and "float32" in model_line
     assert re.search(r"\d+\.\d M parameters", model_line)
     assert queue_rows(at) == []
-    assert at.number_input(key="new_cap").value == CAP
+    assert at.text_input(key="new_cap").value == str(CAP)
     assert not at.error
 
 
@@ -202,6 +205,47 @@ def test_a_bad_cap_edit_gets_an_inline_message_and_changes_nothing(tiny_env: Pat
     assert queue_rows(at) == [("a?", CAP)]
 
 
+@pytest.mark.parametrize(
+    ("typed", "message"),
+    [
+        ("2.5", "must be a whole number from 1 to 511, not '2.5'"),
+        ("-7", "must be a whole number from 1 to 511, not '-7'"),
+        ("0", "must be a whole number from 1 to 511, not 0"),
+        ("1e3", "must be a whole number from 1 to 511, not '1e3'"),
+        ("", "is empty: type a whole number from 1 to 511"),
+        (None, "is empty: type a whole number from 1 to 511"),
+    ],
+)
+def test_a_cap_typed_in_the_table_is_refused_as_typed_naming_the_row_as_the_table_shows_it(
+    tiny_env: Path, typed: str | None, message: str
+) -> None:
+    at = open_app()
+    for prompt in ("a?", "b?", "c?"):
+        add(at, prompt)
+    table = at.dataframe[0].value  # the queue's editor: its index is what the person sees
+    assert table.index.tolist() == [1, 2, 3] and table["max_new_tokens"].tolist() == [str(CAP)] * 3
+    edit_table(at, edited={1: {"max_new_tokens": typed}})  # the second row, index 2
+    assert errors(at) == [f"row 2: max new tokens {message}"]
+    assert queue_rows(at) == [("a?", CAP), ("b?", CAP), ("c?", CAP)]
+
+
+def test_a_cap_typed_in_the_table_is_kept_exactly_when_valid(tiny_env: Path) -> None:
+    at = open_app()
+    add(at, "a?")
+    edit_table(at, edited={0: {"max_new_tokens": "25"}})
+    assert queue_rows(at) == [("a?", 25)] and not at.error
+
+
+@pytest.mark.parametrize("typed", ["2.5", "-7", "0", "", "1e3", " ", "12abc"])
+def test_a_cap_typed_in_the_box_is_refused_as_typed_and_nothing_is_added(tiny_env: Path, typed: str) -> None:
+    at = open_app()
+    add(at, "How long does shipping take?", typed)
+    (message,) = errors(at)
+    assert message.startswith("max new tokens ") and "a whole number from 1 to 511" in message
+    assert queue_rows(at) == []
+    assert at.text_input(key="new_prompt").value == "How long does shipping take?"
+
+
 def test_deleting_rows_in_the_table_removes_them(tiny_env: Path) -> None:
     at = open_app()
     for prompt in ("a?", "b?", "c?"):
@@ -246,6 +290,18 @@ def test_generate_fills_every_placeholder_with_its_final_answer(finished_app: Ap
     assert all(re.match(r"done.*\(slot [12]\) · \d+ tokens · TTFT \d+\.\d\d s · latency", s) for s in statuses)
     assert [view.finished.output_tokens for view in run.views] == [2, 9, 3, 7, 4]  # random weights: caps decide
     assert any(m.value.startswith("**finished** · 5 of 5 done") for m in finished_app.markdown)
+
+
+def test_answer_cards_show_each_prompt_as_plain_text_html(tiny_env: Path) -> None:
+    at = open_app()
+    prompts = ["<b>bold?</b> www.example.com", "mail bob@example.com :material/home: **x**"]
+    for prompt in prompts:
+        add(at, prompt, 2)
+    at.checkbox(key="compare").uncheck().run()
+    generate(at)
+    headings = [element.proto.body for element in at.get("html")]
+    assert headings == [card_heading_html(number, prompt) for number, prompt in enumerate(prompts, start=1)]
+    assert not any("bold?" in element.value or "example.com" in element.value for element in at.markdown)
 
 
 def test_after_a_run_generate_is_enabled_again_and_stop_is_not(finished_app: AppTest) -> None:
@@ -361,6 +417,21 @@ def test_sampling_policy_and_staggered_arrivals_reach_the_engine(tiny_env: Path)
         assert sorted(e.arrival - replay.start for e in replay.finished) == pytest.approx([0.0, 0.2, 0.4], abs=0.01)
 
 
+def test_sampled_requests_get_seeds_from_the_sidebar_seed_and_replay_identically(tiny_env: Path) -> None:
+    at = open_app()
+    for _ in range(3):
+        add(at, "same?", 3)
+    at.radio(key="decoding").set_value("sample").run()
+    next(box for box in at.number_input if box.label == "Seed").set_value(5).run()
+    assert any("Request #n samples with seed + n − 1" in caption.value for caption in at.sidebar.caption)
+    run = generate(at)
+    assert [run.params(view).sampling.seed for view in run.views] == [5, 6, 7]
+    assert run.sampling.seed == 5 and at.session_state.run_setup["sampling"]["seed"] == 5
+    records = {"live": run.record, **run.replays}
+    answers = {mode: {e.request_id: e.output_ids for e in record.finished} for mode, record in records.items()}
+    assert answers["live"] == answers["continuous"] == answers["static"]  # each request's seed goes with it
+
+
 def test_a_second_run_replaces_the_first(finished_app: AppTest) -> None:
     first = finished_app.session_state.run
     button(finished_app, "Clear all").click().run()
@@ -377,6 +448,35 @@ def test_a_bad_setting_shows_one_clear_message(tiny_env: Path, monkeypatch: pyte
     assert not at.exception
     assert len(at.error) == 1 and "BATCHSCOPE_BATCHING__POLICY=random" in at.error[0].value
     assert not at.button  # the page stops there
+
+
+def test_a_dotenv_that_is_not_utf8_shows_one_line_not_a_traceback(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / ".env").write_bytes(b"BATCHSCOPE_PROMPT__SYSTEM_PROMPT=caf\xe9\n")
+    monkeypatch.chdir(tmp_path)  # .env is read from the working folder
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert [element.value for element in at.error] == [
+        f"A setting is not valid: {tmp_path.resolve() / '.env'}: byte 0xE9 at offset 36 (line 1) is not utf-8; "
+        "save the file as UTF-8"
+    ]
+    assert not at.button
+
+
+def test_a_misspelt_setting_is_warned_about_and_the_page_still_works(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCH_SIZ", "3")
+    at = open_app()
+    (warning,) = [element.value.replace("\\", "") for element in at.warning]  # shown escaped: markdown-safe
+    assert warning == (
+        "BATCHSCOPE_BATCHING__MAX_BATCH_SIZ (environment variable) is not a setting and is ignored; "
+        "did you mean BATCHSCOPE_BATCHING__MAX_BATCH_SIZE?"
+    )
+    assert at.slider(key="batch_size").value == 8  # the misspelt value was ignored, as the warning says
+    add(at, "Hi", 2)
+    assert queue_rows(at) == [("Hi", 2)]
 
 
 def test_a_missing_model_folder_says_which_setting_to_change(tiny_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -396,7 +496,43 @@ def test_a_broken_model_folder_shows_a_message_not_a_traceback(
     at = AppTest.from_file(APP, default_timeout=30).run()
     assert not at.exception
     assert len(at.error) == 1 and "could not be loaded" in at.error[0].value
-    assert "BATCHSCOPE_MODEL__NAME_OR_PATH" in at.error[0].value
+    assert (
+        f"BATCHSCOPE_MODEL__NAME_OR_PATH={tmp_path}: the folder {tmp_path} does not hold a model" in at.error[0].value
+    )
+    assert "hub" not in at.error[0].value
+
+
+def test_a_folder_with_a_corrupt_config_says_what_is_wrong_with_the_folder(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama",')
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert [element.value for element in at.error] == [
+        f"The model could not be loaded: BATCHSCOPE_MODEL__NAME_OR_PATH={tmp_path}: {tmp_path / 'config.json'} is not "
+        "valid JSON (Expecting property name enclosed in double quotes at line 1, column 24); save the model again "
+        "with save_pretrained, or set BATCHSCOPE_MODEL__NAME_OR_PATH=builtin"
+    ]
+
+
+def test_an_unreachable_hub_id_fails_fast_on_every_new_page_until_settings_change(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model import loader
+
+    monkeypatch.setattr(loader, "_hub_failures", {})
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with socket.socket() as probe:  # a port nothing listens on once this socket is closed
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", "nobody-here/app-unreachable-xyz")
+    pages = [AppTest.from_file(APP, default_timeout=30).run() for _ in range(2)]  # two tabs
+    for at in pages:
+        assert not at.exception and len(at.error) == 1
+        assert f"the model hub ({endpoint}) cannot be reached" in at.error[0].value
+    assert pages[0].error[0].value == pages[1].error[0].value and len(loader._hub_failures) == 1
 
 
 # --- the embedded model -------------------------------------------------------------------------------------------

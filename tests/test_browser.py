@@ -7,91 +7,19 @@ the suite never writes a tracked file.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-IDLE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+from tests.browser_helpers import BROWSER_MARKS, IDLE, add_prompt, new_page
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists() and os.environ.get("CI", "").lower() != "true",
-        reason="Debian's chromium is not installed (apt-get install chromium)",
-    ),
-]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture(scope="module")
-def app_url() -> Iterator[str]:
-    """`streamlit run` on a free port with the default settings (the embedded model), stopped by its PID."""
-    port = free_port()
-    env = {name: value for name, value in os.environ.items() if not name.startswith("BATCHSCOPE_")}
-    command = [sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.headless", "true"]
-    command += ["--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            assert server.poll() is None, "streamlit exited before it answered"
-            assert time.monotonic() < deadline, "streamlit did not answer /_stcore/health within 60 s"
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-
-
-@pytest.fixture(scope="module")
-def page(app_url: str):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1000})
-        page.set_default_timeout(60_000)
-        page.goto(app_url)
-        page.wait_for_selector(IDLE)
-        yield page
-        browser.close()
-
-
-def add_prompt(page, text: str) -> None:
-    box = page.get_by_label("Prompt", exact=True)
-    box.fill(text)
-    box.press("Enter")  # a text input commits on Enter (or blur)
-    page.get_by_test_id("stMain").get_by_role("button", name="Add", exact=True).click()
+def page(app_url: str, chromium):
+    """One page for the module's tests, which run in order on it."""
+    return new_page(chromium, app_url)
 
 
 def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None:
@@ -121,6 +49,18 @@ def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None
     # The table is redrawn from the canonical queue: the edited prompt is now first, with its new cap.
     assert grid.get_by_test_id("glide-cell-2-0").text_content() == "What's your return policy?"
     assert grid.get_by_test_id("glide-cell-3-0").text_content() == "5"
+    assert grid.get_by_test_id("glide-cell-1-0").text_content() == "1"  # the index counts from 1, as messages do
+
+    # A cap typed as 2.5 reaches the queue as typed and is refused, naming the row as the table's index shows it.
+    page.mouse.click(box["x"] + box["width"] - 40, row_y(0))
+    page.wait_for_timeout(300)
+    page.keyboard.type("2.5")
+    page.wait_for_timeout(300)
+    page.keyboard.press("Enter")
+    page.get_by_text("row 1: max new tokens must be a whole number from 1 to").wait_for()
+    page.wait_for_selector(IDLE)
+    assert page.get_by_text("not '2.5'").count() == 1
+    assert grid.get_by_test_id("glide-cell-3-0").text_content() == "5"  # unchanged
 
 
 def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, record_property, tmp_path) -> None:
@@ -175,3 +115,33 @@ def test_a_prompt_added_mid_run_joins_it_and_stop_cancels_the_rest(page) -> None
     assert page.get_by_text("not run: stopped before it was sent").count() >= 1
     assert page.get_by_test_id("stText").filter(has_text="▌").count() == 0
     assert page.get_by_test_id("stMain").get_by_role("button", name="Generate").is_enabled()
+
+
+def test_the_server_log_shows_the_engines_info_lines(page, app_server) -> None:
+    """The page configures logging in its entry point: the loader's INFO line reaches the server's log, once."""
+    page.wait_for_selector(IDLE)
+    lines = app_server.log.read_text(encoding="utf-8", errors="replace").splitlines()
+    loaded = [line for line in lines if "INFO model.loader: loaded builtin on cpu" in line]
+    assert len(loaded) == 1, lines[-20:]
+
+
+RISKY_PROMPT = "See www.example.com, https://example.org/a?b=1 or mail bob@example.com :material/home: \u202eevil"
+
+
+def test_a_prompt_with_links_an_email_an_icon_code_and_a_bidi_override_shows_as_plain_text(page) -> None:
+    main = page.get_by_test_id("stMain")
+    main.get_by_role("button", name="Clear all").click()
+    page.get_by_text("0 of 64 prompts").wait_for()
+    page.wait_for_selector(IDLE)
+    add_prompt(page, RISKY_PROMPT)
+    page.get_by_text("1 of 64 prompts").wait_for()
+    page.wait_for_selector(IDLE)
+    main.get_by_role("button", name="Generate").click()
+    page.get_by_text("1 of 1 done").wait_for(timeout=60_000)
+    page.wait_for_selector(IDLE)
+    heading = main.get_by_test_id("stHtml").filter(has_text="#1 ·")
+    assert heading.count() == 1
+    assert heading.locator("a").count() == 0  # no link from the URL, the bare domain or the e-mail address
+    assert heading.get_by_test_id("stIconMaterial").count() == 0 and heading.locator("svg").count() == 0
+    assert heading.locator("bdi").inner_text() == RISKY_PROMPT  # every character as typed, direction isolated
+    assert heading.inner_text().startswith("#1 · ")

@@ -16,26 +16,15 @@ checks that:
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 
-import pytest
-
 from batching.bench.workloads import load_workload
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, IDLE, add_prompt, app_url  # app_url: the server fixture
+from tests.browser_helpers import BROWSER_MARKS, IDLE, add_prompt, new_page
 from utils.charts import OTHERS  # the occupancy legend's name for other users' requests
 
-__all__ = ["app_url"]  # re-exported for pytest: the module-scoped fixture that starts `streamlit run`
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists() and os.environ.get("CI", "").lower() != "true",
-        reason="Debian's chromium is not installed (apt-get install chromium)",
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 EXAMPLE_PROMPTS = [request.prompt for request in load_workload("customer-support").requests]  # page A loads it
 B_PROMPTS = [  # none of these is in the example; the first gets the embedded model's longest answer
@@ -45,26 +34,6 @@ B_PROMPTS = [  # none of these is in the example; the first gets the embedded mo
 ]
 OTHERS_CAPTION = "Other people's requests shared the engine during your live run"
 CARD_HEADING = re.compile(r"^#(\d+) · (.+)$")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-def open_page(browser, url: str):
-    """A page in its own browser context: its own cookies and websocket, so its own Streamlit session."""
-    context = browser.new_context(viewport={"width": 1440, "height": 1000}, accept_downloads=True)
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    page.goto(url)
-    page.wait_for_selector(IDLE)
-    return page
 
 
 def main(page):
@@ -81,8 +50,8 @@ def switch_off_comparison(page) -> None:
 
 
 def card_headings(page) -> list[tuple[int, str]]:
-    """(number, prompt) of every answer card, in page order: each card opens with `**#n** · prompt`."""
-    texts = main(page).get_by_test_id("stMarkdownContainer").all_inner_texts()
+    """(number, prompt) of every answer card, in page order: each card opens with `#n · prompt` (plain text)."""
+    texts = main(page).get_by_test_id("stHtml").all_inner_texts()
     return [(int(m[1]), m[2]) for text in texts if (m := CARD_HEADING.match(text.strip()))]
 
 
@@ -102,10 +71,10 @@ def shared_steps(steps: dict[int, list[str]]) -> list[int]:
     return [step for step, slots in steps.items() if "other" in slots and any(slot.startswith("#") for slot in slots)]
 
 
-def test_two_pages_share_one_batch_but_see_only_their_own_answers(app_url, browser, record_property) -> None:
+def test_two_pages_share_one_batch_but_see_only_their_own_answers(app_url, chromium, record_property) -> None:
     assert not set(B_PROMPTS) & set(EXAMPLE_PROMPTS), "the two pages need distinct prompts"
     began = time.perf_counter()
-    page_a, page_b = open_page(browser, app_url), open_page(browser, app_url)
+    page_a, page_b = new_page(chromium, app_url), new_page(chromium, app_url)
     for page in (page_a, page_b):
         switch_off_comparison(page)
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import re
+from dataclasses import replace
+from pathlib import Path
 
 import altair as alt
 import pandas as pd
@@ -134,6 +139,17 @@ def test_timeline_labels_your_requests_and_marks_the_others(shared_run: RunRecor
     assert spec["layer"][0]["encoding"]["y"]["scale"]["domain"] == [1, 2, 3]
 
 
+def test_timeline_writes_only_your_requests_labels_on_the_bars(shared_run: RunRecord, static_run: RunRecord) -> None:
+    """Other users' labels overlapped into a smear: their bars carry no text (the tooltip still names them)."""
+    frame = charts.timeline_frame(shared_run, {"s1/1": "#1", "s1/2": "#2"}, owns)
+    assert frame["text"].tolist() == ["#1", "#2", ""]
+    held = charts.timeline_frame(static_run, {"a": "#1", "b": "#2"})
+    assert held.loc[held["who"] == charts.HELD, "text"].tolist() == [""]
+    text_layer = charts.timeline_chart(frame, slots=3).to_dict()["layer"][1]
+    assert text_layer["mark"]["type"] == "text" and text_layer["encoding"]["text"]["field"] == "text"
+    assert text_layer["transform"] == [{"filter": "(datum.text !== '')"}]
+
+
 def test_timeline_of_a_static_wave_shows_the_held_idle_stretch(static_run: RunRecord) -> None:
     frame = charts.timeline_frame(static_run, {"a": "#1", "b": "#2"})
     held = frame[frame["who"] == charts.HELD]
@@ -186,9 +202,9 @@ def test_csv_exports_hold_every_request_and_step_of_both_runs(static_run: RunRec
     assert requests.loc[0, ["request", "prompt", "answer"]].tolist() == ["#1", "first?", "answer of s1/1"]
     steps = export.steps_table(runs, labels)
     assert steps["slot_contents"].tolist() == ["#1 | - | other", "#2 | - | other", "#1 | #2", "#1 | #2", "#1 | #2"]
-    csv = export.to_csv(requests).decode("utf-8")
-    assert csv.splitlines()[0].startswith("run,request,prompt,request_id")
-    assert len(pd.read_csv(pd.io.common.StringIO(csv))) == 4
+    text = export.to_csv(requests).decode("utf-8")
+    assert text.splitlines()[0].startswith('"run","request","prompt","request_id"')
+    assert len(pd.read_csv(io.StringIO(text))) == 4
 
 
 def test_json_export_is_valid_json_with_summaries_and_no_nan(static_run: RunRecord, shared_run: RunRecord) -> None:
@@ -200,3 +216,52 @@ def test_json_export_is_valid_json_with_summaries_and_no_nan(static_run: RunReco
     assert document["runs"]["continuous"]["summary"]["tpot_s"]["p50"] is None  # NaN -> null
     assert len(document["runs"]["static"]["steps"]) == 3
     assert document["speedup"] == pytest.approx(1.5)
+
+
+FORMULAS = ['=HYPERLINK("http://evil.example","click me")', "+1+2", "-3+4", "@SUM(A1:A9)", "\t=1", "\r=1"]
+
+
+def test_csv_exports_neutralise_formulas_in_prompts_answers_and_steps_and_json_keeps_them(
+    static_run: RunRecord,
+) -> None:
+    """OWASP's CSV-injection advice: a text cell starting with = + - @ tab or CR gets a leading ' in the CSV."""
+    runs = {"static": static_run}
+    static_run.finished[0] = replace(static_run.finished[0], text=" =1+1")  # an answer that looks like a formula
+    labels = {"a": "#1", "b": "#2"}
+    prompts = {"a": FORMULAS[0], "b": "fine, = inside is harmless"}
+    for table in (export.requests_table(runs, labels, prompts), export.steps_table(runs, {"a": "-a"})):
+        rows = list(csv.DictReader(io.StringIO(export.to_csv(table).decode("utf-8"))))
+        for row, (_, source) in zip(rows, table.iterrows(), strict=True):
+            for column, value in source.items():
+                shown = row[column]
+                if isinstance(value, str) and value[:1] in "=+-@\t\r":
+                    assert shown == "'" + value, (column, value, shown)
+                elif isinstance(value, str):
+                    assert shown == value
+    steps = list(csv.DictReader(io.StringIO(export.to_csv(export.steps_table(runs, {"a": "-a"})).decode())))
+    assert steps[0]["slot_contents"] == "'-a | other"
+    requests = list(csv.DictReader(io.StringIO(export.to_csv(export.requests_table(runs, labels, prompts)).decode())))
+    assert requests[0]["prompt"] == "'" + FORMULAS[0] and requests[0]["answer"] == "'=1+1"
+    assert requests[1]["prompt"] == "fine, = inside is harmless"
+    document = json.loads(export.to_json(runs, labels, prompts, {}))
+    assert document["runs"]["static"]["requests"][0]["prompt"] == FORMULAS[0]  # the JSON stays exact
+    assert document["runs"]["static"]["requests"][0]["answer"] == "=1+1"
+
+
+@pytest.mark.parametrize("cell", FORMULAS)
+def test_each_formula_start_is_neutralised_and_numbers_are_left_alone(cell: str) -> None:
+    text = export.to_csv(pd.DataFrame({"prompt": [cell], "slot": [-1]})).decode("utf-8")
+    (row,) = csv.DictReader(io.StringIO(text))
+    assert row == {"prompt": "'" + cell, "slot": "-1"}
+
+
+def test_the_export_module_is_the_only_csv_writer_in_the_repository() -> None:
+    """Every CSV the app or the CLI writes goes through export.to_csv, so the neutralisation covers them all."""
+    root = Path(__file__).resolve().parents[1]
+    sources = [root / "streamlit_app.py"] + [
+        path for folder in ("batching", "config", "model", "utils") for path in (root / folder).rglob("*.py")
+    ]
+    assert len(sources) > 30
+    writers = re.compile(r"(?<!export)\.to_csv\(|csv\.writer\(|csv\.DictWriter\(")
+    found = sorted(str(path.relative_to(root)) for path in sources if writers.search(path.read_text(encoding="utf-8")))
+    assert found == ["utils/export.py"]

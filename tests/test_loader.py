@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
+import socket
+import threading
+
 import pytest
 import torch
 
@@ -108,3 +112,117 @@ def test_gptq_without_a_gpu_says_so(tiny_model_dirs, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(loader, "is_optimum_available", lambda: True)
     with pytest.raises(ModelLoadError, match="needs a CUDA GPU"):
         load_model(ModelSettings(name_or_path=str(tiny_model_dirs["llama"]), device="cpu", use_gptq=True))
+
+
+# --- a local folder that is not a model ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (
+            b'{"model_type": "llama", "hidden_size": 64',
+            "is not valid JSON (Expecting ',' delimiter at line 1, column 42)",
+        ),
+        (b"", "is not valid JSON (Expecting value at line 1, column 1)"),
+        (b'["llama"]', "holds a JSON list, not the object of a model's configuration"),
+        (b'{"model_type": "caf\xe9"}', "is not UTF-8 text (byte 0xE9 at offset 19)"),
+    ],
+)
+def test_a_folder_with_a_corrupt_config_says_what_is_wrong_with_it(tmp_path, content: bytes, problem: str) -> None:
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(ModelSettings(name_or_path=str(tmp_path)))
+    assert str(caught.value) == (
+        f"BATCHSCOPE_MODEL__NAME_OR_PATH={tmp_path}: {tmp_path / 'config.json'} {problem}; "
+        "save the model again with save_pretrained, or set BATCHSCOPE_MODEL__NAME_OR_PATH=builtin"
+    )
+
+
+def test_a_folder_whose_config_transformers_refuses_names_the_folder_not_the_hub(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "hidden_size": "lots"}')
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(ModelSettings(name_or_path=str(tmp_path)))
+    message = str(caught.value)
+    assert message.startswith(f"BATCHSCOPE_MODEL__NAME_OR_PATH={tmp_path}: the folder {tmp_path} does not hold a model")
+    assert "hidden_size" in message and "\n" not in message and "hub" not in message
+
+
+# --- the hub, offline or unreachable ----------------------------------------------------------------------------------
+def closed_port_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens there once the probe socket is closed
+
+
+@pytest.fixture
+def fresh_hub_memory(monkeypatch: pytest.MonkeyPatch) -> dict:
+    memory: dict = {}
+    monkeypatch.setattr(loader, "_hub_failures", memory)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return memory
+
+
+def test_with_hf_hub_offline_a_hub_id_not_in_the_cache_fails_at_once_and_is_remembered(
+    monkeypatch: pytest.MonkeyPatch, fresh_hub_memory: dict
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", closed_port_url())
+    settings = ModelSettings(name_or_path="nobody-here/offline-model-xyz")
+    with pytest.raises(ModelLoadError) as first:
+        load_model(settings)
+    assert str(first.value) == (
+        "could not load BATCHSCOPE_MODEL__NAME_OR_PATH=nobody-here/offline-model-xyz: HF_HUB_OFFLINE is set, and the "
+        "model is not in the local hub cache; set BATCHSCOPE_MODEL__NAME_OR_PATH=builtin or to a local folder "
+        "(or connect, and restart the app)"
+    )
+    with pytest.raises(ModelLoadError) as again:
+        load_model(settings)
+    assert again.value is first.value  # remembered: no second attempt
+    with pytest.raises(ModelLoadError) as changed:
+        load_model(settings.model_copy(update={"revision": "v2"}))
+    assert changed.value is not first.value and len(fresh_hub_memory) == 2  # new settings, a new attempt
+
+
+def test_an_unreachable_hub_fails_fast_naming_it_and_is_remembered_until_settings_change(
+    monkeypatch: pytest.MonkeyPatch, fresh_hub_memory: dict
+) -> None:
+    endpoint = closed_port_url()
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    settings = ModelSettings(name_or_path="nobody-here/unreachable-model-xyz")
+    with pytest.raises(ModelLoadError) as first:
+        load_model(settings)
+    message = str(first.value)
+    assert message.startswith(
+        "could not load BATCHSCOPE_MODEL__NAME_OR_PATH=nobody-here/unreachable-model-xyz: "
+        f"the model hub ({endpoint}) cannot be reached ("
+    )
+    assert "not in the local hub cache" in message and "\n" not in message
+    with pytest.raises(ModelLoadError) as again:
+        load_model(settings)
+    assert again.value is first.value
+    monkeypatch.setenv("HF_ENDPOINT", closed_port_url())  # another hub address is another attempt
+    with pytest.raises(ModelLoadError) as other:
+        load_model(settings)
+    assert other.value is not first.value
+
+
+class _Answering(http.server.BaseHTTPRequestHandler):
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_hub_probe_passes_when_the_hub_answers_and_fails_when_nothing_listens() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert loader.hub_unreachable(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=2) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    url = closed_port_url()
+    assert loader.hub_unreachable(url, timeout_s=2).startswith(f"the model hub ({url}) cannot be reached (")

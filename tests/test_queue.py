@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -10,7 +11,7 @@ from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
-from utils.queue import CURSOR, LiveRun, PromptQueue, QueueError, escape_markdown, has_edits
+from utils.queue import CURSOR, LiveRun, PromptQueue, QueueError, escape_markdown, has_edits, request_sampling
 
 
 def refuse_long(prompt: str, cap: int) -> None:
@@ -36,7 +37,7 @@ def test_an_empty_prompt_is_refused_and_the_queue_is_unchanged(prompt: object) -
     assert [item.prompt for item in queue.items] == ["kept"]
 
 
-@pytest.mark.parametrize("cap", [0, -3, 101, 2.5, True, "12", None])
+@pytest.mark.parametrize("cap", [0, -3, 101, 2.5, True, None, "", " ", "2.5", "-7", "0", "1e3", "+5", "12.0", "101"])
 def test_a_cap_out_of_range_is_refused_with_the_allowed_range(cap: object) -> None:
     queue = PromptQueue(max_items=4, max_cap=100)
     with pytest.raises(QueueError, match="from 1 to 100"):
@@ -46,6 +47,30 @@ def test_a_cap_out_of_range_is_refused_with_the_allowed_range(cap: object) -> No
 
 def test_a_whole_float_cap_is_accepted_as_an_int() -> None:
     assert PromptQueue(4, 100).add("fine", 7.0).max_new_tokens == 7
+
+
+@pytest.mark.parametrize(("typed", "cap"), [("12", 12), (" 7 ", 7), ("100", 100), ("1", 1)])
+def test_a_cap_typed_as_digits_is_kept_exactly(typed: str, cap: int) -> None:
+    assert PromptQueue(4, 100).add("fine", typed).max_new_tokens == cap
+
+
+@pytest.mark.parametrize(
+    ("typed", "shown"), [("2.5", "not '2.5'"), ("1e3", "not '1e3'"), ("-7", "not '-7'"), ("www.x.com", "not that text")]
+)
+def test_a_refused_cap_is_echoed_as_typed_unless_it_is_not_number_like(typed: str, shown: str) -> None:
+    with pytest.raises(QueueError) as refused:
+        PromptQueue(4, 100).add("fine", typed)
+    assert str(refused.value) == f"max new tokens must be a whole number from 1 to 100, {shown}"
+
+
+def test_the_editor_numbers_rows_from_1_like_the_messages_and_shows_caps_as_text() -> None:
+    queue = PromptQueue(max_items=4, max_cap=100)
+    for prompt in ("a", "b"):
+        queue.add(prompt, 5)
+    frame = queue.editor_frame()
+    assert frame.index.tolist() == [1, 2] and frame["max_new_tokens"].tolist() == ["5", "5"]
+    problems = queue.apply_edits({"edited_rows": {1: {"max_new_tokens": "2.5"}}})
+    assert problems == ["row 2: max new tokens must be a whole number from 1 to 100, not '2.5'"]
 
 
 def test_a_prompt_the_engine_refuses_is_refused_with_the_engines_message() -> None:
@@ -206,6 +231,29 @@ def test_stop_drops_prompts_not_yet_sent_and_a_stopped_run_is_not_compared() -> 
     assert run.views[0].status_line().startswith("cancelled")
 
 
+def test_the_progress_line_counts_stopped_and_failed_requests_apart_from_done_ones() -> None:
+    run = LiveRun(start=100.0, owner_prefix="s1/", slots=2)
+    for number in (1, 2, 3, 4):
+        run.submitted(run.plan(f"q{number}", f"Q: q{number}\nA:", 8, 0.0), f"s1/{number}", 100.0)
+    run.plan("q5", "Q: q5\nA:", 8, 5.0)
+    run.fold([finished("s1/1", " ok", 1, 0)])
+    run.stop()
+    run.fold(
+        [
+            finished("s1/2", "", 0, 1, reason=FinishReason.CANCELLED),
+            finished("s1/3", " partial", 2, 0, reason=FinishReason.CANCELLED),
+            finished("s1/4", "", 0, 1, reason=FinishReason.ERROR),
+        ]
+    )
+    assert run.done
+    assert run.counts() == {
+        "scheduled": 0, "waiting": 0, "running": 0, "done": 1, "cancelled": 2, "failed": 1, "refused": 1
+    }  # fmt: skip
+    assert run.progress_line(now=200.0) == (
+        "**stopped** · 1 of 5 done · 0 in a slot · 0 waiting · 2 cancelled · 1 failed · 1 not run · 1.0 s"
+    )
+
+
 def test_a_refused_prompt_says_why_and_does_not_hold_the_run_open() -> None:
     run = two_prompt_run()
     run.refuse(run.views[0], "the engine is full")
@@ -268,3 +316,36 @@ def test_the_comparison_replays_in_abba_order_and_keeps_each_modes_faster_run(ti
     assert run.replays["static"] is instant  # the faster record is kept
     assert run.replays["continuous"] is not endless and run.replays["continuous"].mode == "continuous"
     assert len(run.replays["continuous"].finished) == 3
+
+
+# --- per-request sampling seeds -----------------------------------------------------------------------------------
+def test_each_request_samples_with_its_own_seed_derived_from_the_chosen_one() -> None:
+    sampling = SamplingParams(do_sample=True, temperature=0.7, top_k=5, seed=41)
+    run = LiveRun(start=0.0, owner_prefix="s1/", slots=2, sampling=sampling)
+    views = [run.plan("same?", "Q: same?\nA:", 4, 0.0) for _ in range(3)]
+    params = [run.params(view) for view in views]
+    assert [p.sampling.seed for p in params] == [41, 42, 43]
+    assert all(p.sampling == replace(sampling, seed=p.sampling.seed) for p in params)  # nothing else changes
+    assert request_sampling(sampling, 1) == sampling  # a single prompt samples exactly as the seed says
+    assert [p.max_new_tokens for p in params] == [4, 4, 4]
+
+
+def sampled_answers(loaded, seed: int, copies: int) -> list[tuple[int, ...]]:
+    """`copies` identical prompts, sampled on a private batcher through the same path as the page's replays."""
+    sampling = SamplingParams(do_sample=True, temperature=5.0, seed=seed)  # flat: answers depend on the seed
+    run = LiveRun(start=0.0, owner_prefix="s1/", slots=4, sampling=sampling)
+    for number in range(1, copies + 1):
+        run.submitted(run.plan("same?", "Q: same question\nA:", 6, 0.0), f"s1/{number}", 0.0)
+    list(run.replay(Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=4), mode="continuous")))
+    finished = {event.request_id: event.output_ids for event in run.replays["continuous"].finished}
+    return [finished[f"s1/{number}"] for number in range(1, copies + 1)]
+
+
+def test_identical_prompts_sampled_get_different_answers_and_the_same_ones_run_after_run(tiny_model_dirs) -> None:
+    from tests.engine_helpers import loaded as load
+
+    loaded = load(str(tiny_model_dirs["llama"]))
+    first = sampled_answers(loaded, seed=7, copies=8)
+    assert len(set(first)) > 1  # with one seed for all, eight identical prompts gave eight identical answers
+    assert sampled_answers(loaded, seed=7, copies=8) == first  # reproducible
+    assert sampled_answers(loaded, seed=8, copies=8)[:7] == first[1:]  # request n with seed s = n-1 with seed s+1

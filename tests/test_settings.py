@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from config.settings import Settings, SettingsError, load_settings
+from config.settings import Settings, SettingsError, load_settings, setting_names, setting_warnings
 
 
 @pytest.fixture(autouse=True)
@@ -95,3 +95,81 @@ def test_a_token_budget_not_above_the_slot_count_is_refused(monkeypatch: pytest.
     expected = r"^BATCHSCOPE_BATCHING__MAX_BATCHED_TOKENS=32: .*must exceed max_batch_size=32"
     with pytest.raises(SettingsError, match=expected):
         load_settings()
+
+
+# --- a .env that is not UTF-8 --------------------------------------------------------------------------------------
+def test_a_dotenv_that_is_not_utf8_fails_with_one_line_naming_the_file_the_byte_and_the_encoding(tmp_path) -> None:
+    (tmp_path / ".env").write_bytes(b"BATCHSCOPE_BATCHING__POLICY=fcfs\nBATCHSCOPE_PROMPT__SYSTEM_PROMPT=caf\xe9\n")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        f"{(tmp_path / '.env').resolve()}: byte 0xE9 at offset 69 (line 2) is not utf-8; save the file as UTF-8"
+    )
+
+
+# --- misspelt settings -----------------------------------------------------------------------------------------------
+def test_every_setting_name_is_one_the_settings_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    names = setting_names()
+    groups = {name: info.annotation.model_fields for name, info in Settings.model_fields.items()}
+    assert len(names) == len(groups) + sum(len(fields) for fields in groups.values())
+    monkeypatch.setenv("BATCHSCOPE_LIMITS__MAX_QUEUE_TOTAL", "7")
+    assert "BATCHSCOPE_LIMITS__MAX_QUEUE_TOTAL" in names and load_settings().limits.max_queue_total == 7
+
+
+def test_a_misspelt_variable_is_warned_about_with_the_closest_setting() -> None:
+    environ = {
+        "BATCHSCOPE_BATCHING__MAX_BATCH_SIZ": "3",
+        "BATCHSCOPE_GENERATION_SEED": "4",  # one underscore where two belong
+        "BATCHSCOPE_BATCHING__MAX_BATCH_SIZE": "5",  # fine
+        "batchscope_model__name_or_path": "builtin",  # fine: names are case-insensitive
+        "BATCHSCOPE_MODEL": '{"dtype": "float32"}',  # fine: a whole group as JSON
+        "BATCHSCOPE_XYZZY": "1",
+        "PATH": "/usr/bin",  # not ours
+    }
+    assert setting_warnings(environ) == [
+        "BATCHSCOPE_BATCHING__MAX_BATCH_SIZ (environment variable) is not a setting and is ignored; "
+        "did you mean BATCHSCOPE_BATCHING__MAX_BATCH_SIZE?",
+        "BATCHSCOPE_GENERATION_SEED (environment variable) is not a setting and is ignored; "
+        "did you mean BATCHSCOPE_GENERATION__SEED?",
+        "BATCHSCOPE_XYZZY (environment variable) is not a setting and is ignored; "
+        "settings are named BATCHSCOPE_<GROUP>__<FIELD>",
+    ]
+
+
+def test_a_misspelt_variable_really_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why the warning matters: the value does not reach the settings."""
+    monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCH_SIZ", "3")
+    assert load_settings().batching.max_batch_size == 8
+    assert any("did you mean BATCHSCOPE_BATCHING__MAX_BATCH_SIZE" in line for line in setting_warnings())
+
+
+def test_dotenv_keys_that_are_not_settings_are_warned_about(tmp_path) -> None:
+    (tmp_path / ".env").write_text(
+        "BATCHSCOPE_BATCHING__POLICY=longest-first\nBATCHSCOPE_BATCHING__POLCY=fcfs\nMODEL__NAME_OR_PATH=x\n"
+    )
+    where = f"key in {(tmp_path / '.env').resolve()}"
+    assert setting_warnings({}) == [
+        f"BATCHSCOPE_BATCHING__POLCY ({where}) is not a setting and is ignored; "
+        "did you mean BATCHSCOPE_BATCHING__POLICY?",
+        f"MODEL__NAME_OR_PATH ({where}) is not a setting and is ignored; did you mean BATCHSCOPE_MODEL__NAME_OR_PATH?",
+    ]
+
+
+def test_a_correct_environment_and_dotenv_give_no_warning(tmp_path) -> None:
+    (tmp_path / ".env").write_text("BATCHSCOPE_BATCHING__POLICY=fcfs\n")
+    assert setting_warnings({"BATCHSCOPE_MODEL__DEVICE": "cpu", "HOME": "/root"}) == []
+
+
+def test_the_benchmark_cli_warns_about_misspelt_settings_before_anything_else(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from batching.bench.cli import main
+
+    monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCH_SIZ", "3")
+    assert main(["--workload", "no-such-workload"]) == 2  # bad input, found before a model is loaded
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "bench: warning: BATCHSCOPE_BATCHING__MAX_BATCH_SIZ (environment variable) is not a setting and is ignored; "
+        "did you mean BATCHSCOPE_BATCHING__MAX_BATCH_SIZE?"
+    )
+    assert err[1].startswith("bench: error: ")

@@ -184,6 +184,9 @@ def timeline_frame(run: RunRecord, labels: Mapping[str, str], owns: Owns | None 
         for request_id, state in zip(frame["request_id"], frame["state"], strict=True)
     ]
     frame["label"] = [labels.get(request_id, "other user") for request_id in frame["request_id"]]
+    # Only your requests are written on their bars: many short "other user" labels overlap into a smear, and a held
+    # idle stretch repeats the label of the bar before it. The tooltip still names every bar.
+    frame["text"] = [label if who == YOURS else "" for label, who in zip(frame["label"], frame["who"], strict=True)]
     return frame
 
 
@@ -206,9 +209,7 @@ def timeline_chart(
             alt.Tooltip("end_s:Q", title="to (s)", format=".2f"),
         ],
     )
-    text = (
-        base.mark_text(align="left", dx=3, fontSize=10).encode(text="label:N").transform_filter(alt.datum.who != HELD)
-    )
+    text = base.mark_text(align="left", dx=3, fontSize=10).encode(text="text:N").transform_filter(alt.datum.text != "")
     return alt.layer(bars, text).properties(title=title, height=alt.Step(22))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from collections.abc import Mapping
@@ -81,8 +82,26 @@ def steps_table(runs: Mapping[str, RunRecord], labels: Mapping[str, str]) -> pd.
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+# A cell starting with one of these is run as a formula by spreadsheets (OWASP, "CSV Injection").
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise_cell(value: object) -> object:
+    """A text cell a spreadsheet would run as a formula gets a leading `'` (shown as text); others are unchanged."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def to_csv(frame: pd.DataFrame) -> bytes:
-    return frame.to_csv(index=False).encode("utf-8")
+    """The frame as UTF-8 CSV, as OWASP advises against formula injection: every text cell quoted, and one a
+    spreadsheet would run prefixed with `'`. The only CSV writer we have; the JSON export keeps the text exact."""
+    safe = frame.copy()
+    for column in safe.columns:
+        if safe[column].dtype == object or pd.api.types.is_string_dtype(safe[column]):
+            safe[column] = safe[column].map(neutralise_cell)
+    safe.columns = [neutralise_cell(str(column)) for column in safe.columns]
+    return safe.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC).encode("utf-8")
 
 
 def to_json(

@@ -10,7 +10,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -29,6 +29,11 @@ CURSOR = "▌"
 # The comparison replays the queue in this order; drift and warm-up then hit both modes alike, and the faster
 # replay of each mode is the one shown (the usual way to time on a busy machine).
 REPLAY_ORDER = ("continuous", "static", "static", "continuous")
+
+
+def request_sampling(sampling: SamplingParams, number: int) -> SamplingParams:
+    """Request #`number`'s sampling: the chosen parameters with its own seed, derived from the chosen one."""
+    return replace(sampling, seed=sampling.seed + number - 1)
 
 
 class QueueError(ValueError):
@@ -55,10 +60,20 @@ class PromptQueue:
         return len(self.items)
 
     def check_cap(self, cap: object) -> int:
-        if isinstance(cap, float) and cap.is_integer():
+        """The cap as a whole number in range, or a QueueError. Text (the cap box, the table) must be digits only:
+        `2.5`, `-7`, `1e3` or an empty cell are refused as typed, never rounded, truncated or skipped."""
+        allowed = f"a whole number from 1 to {self.max_cap}"
+        if cap is None or (isinstance(cap, str) and not cap.strip()):
+            raise QueueError(f"max new tokens is empty: type {allowed}")
+        if isinstance(cap, str):
+            typed = cap.strip()
+            if not _DIGITS.fullmatch(typed):
+                raise QueueError(f"max new tokens must be {allowed}, not {_as_typed(typed)}")
+            cap = int(typed)
+        elif isinstance(cap, float) and cap.is_integer():
             cap = int(cap)
         if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= self.max_cap:
-            raise QueueError(f"max new tokens must be a whole number from 1 to {self.max_cap}, not {cap!r}")
+            raise QueueError(f"max new tokens must be {allowed}, not {cap!r}")
         return cap
 
     def _checked(self, prompt: object, cap: object, check: Check | None) -> tuple[str, int]:
@@ -108,7 +123,8 @@ class PromptQueue:
     def apply_edits(self, delta: Mapping, check: Check | None = None) -> list[str]:
         """Apply a data editor's change set (edited caps, deleted rows); returns a message per refused edit.
 
-        Row numbers in the change set are positions in the table as it was shown, i.e. in `items` now.
+        Row numbers in the change set are positions in the table as it was shown, i.e. in `items` now; messages
+        name a row by the table's index, which counts from 1 (see `editor_frame`).
         """
         problems = []
         items = list(self.items)
@@ -128,11 +144,28 @@ class PromptQueue:
         return problems
 
     def frame(self) -> pd.DataFrame:
-        """What the data editor shows: one row per prompt."""
+        """One row per prompt: its text and cap."""
         return pd.DataFrame(
             {"prompt": [i.prompt for i in self.items], "max_new_tokens": [i.max_new_tokens for i in self.items]},
             columns=["prompt", "max_new_tokens"],
         )
+
+    def editor_frame(self) -> pd.DataFrame:
+        """What the data editor shows: rows indexed from 1 (as messages and answer cards number them), caps as
+        text, so what a person types reaches `apply_edits` unchanged (a number cell would reshape it first)."""
+        frame = self.frame()
+        frame["max_new_tokens"] = frame["max_new_tokens"].astype(str)
+        frame.index = pd.RangeIndex(1, len(frame) + 1)
+        return frame
+
+
+_DIGITS = re.compile(r"[0-9]+")
+_NUMBER_LIKE = re.compile(r"[0-9eE.+\- ]{1,24}")
+
+
+def _as_typed(text: str) -> str:
+    """How a refused cap is echoed: number-like text as typed; anything else is not repeated (it is user text)."""
+    return repr(text) if _NUMBER_LIKE.fullmatch(text) else "that text"
 
 
 def has_edits(delta: object) -> bool:
@@ -219,6 +252,9 @@ _REASONS = {
 }
 
 
+_NOT_DONE = {FinishReason.CANCELLED: "cancelled", FinishReason.ERROR: "failed"}
+
+
 @dataclass
 class LiveRun:
     """A run of the queue on the shared engine: who is where, the answers so far, and everything measured."""
@@ -245,6 +281,11 @@ class LiveRun:
         view = RequestView(len(self.views) + 1, prompt, formatted, max_new_tokens, offset_s)
         self.views.append(view)
         return view
+
+    def params(self, view: RequestView) -> RequestParams:
+        """What the engine is asked for this prompt, live and in the replays alike. Request #n samples with the
+        chosen seed + n - 1: identical prompts get different answers, and the same queue the same answers."""
+        return RequestParams(view.max_new_tokens, request_sampling(self.sampling, view.number))
 
     def due(self, now: float) -> list[RequestView]:
         """Planned prompts whose arrival time has come (in order)."""
@@ -328,8 +369,7 @@ class LiveRun:
 
         def build(index: int, arrival: float) -> Request:
             view = views[index]
-            params = RequestParams(view.max_new_tokens, self.sampling)
-            return batcher.builder.build(view.formatted, params, request_id=view.request_id, arrival=arrival)
+            return batcher.builder.build(view.formatted, self.params(view), request_id=view.request_id, arrival=arrival)
 
         scheduled = ScheduledRun(batcher, Schedule.timed([view.offset_s for view in views]), build)
         yield from scheduled.events()
@@ -345,9 +385,13 @@ class LiveRun:
         return REPLAY_ORDER[self.replayed] if self.replayed < len(REPLAY_ORDER) else None
 
     def counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(("scheduled", "waiting", "running", "done", "refused"), 0)
+        """How many prompts are where; a cancelled (Stop) or failed request is not counted as done."""
+        counts = dict.fromkeys(("scheduled", "waiting", "running", "done", "cancelled", "failed", "refused"), 0)
         for view in self.views:
-            counts[view.status] += 1
+            status = view.status
+            if status == "done" and view.finished.reason in _NOT_DONE:
+                status = _NOT_DONE[view.finished.reason]
+            counts[status] += 1
         return counts
 
     def progress_line(self, now: float) -> str:
@@ -357,6 +401,9 @@ class LiveRun:
         parts.append(f"{counts['waiting']} waiting")
         if counts["scheduled"]:
             parts.append(f"{counts['scheduled']} yet to arrive")
+        for status in ("cancelled", "failed"):
+            if counts[status]:
+                parts.append(f"{counts[status]} {status}")
         if counts["refused"]:
             parts.append(f"{counts['refused']} not run")
         verb = "running" if not self.done else "stopped" if self.stopped else "finished"

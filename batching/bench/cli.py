@@ -42,7 +42,7 @@ from batching.engine.params import RequestParams
 from batching.engine.request import Request
 from batching.engine.scheduler import POLICIES
 from batching.runs import ScheduledRun
-from config.settings import Settings, SettingsError, load_settings
+from config.settings import Settings, SettingsError, load_settings, setting_warnings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
 from utils.export import json_safe
@@ -269,6 +269,8 @@ def start_peer(args: argparse.Namespace, settings: Settings, plan: Plan) -> HFPe
 
 def benchmark(args: argparse.Namespace) -> dict:
     """Parse, load, validate, run and summarise; raises BenchError (or a settings/model error) on bad input."""
+    for line in setting_warnings():
+        print(f"bench: warning: {line}", file=sys.stderr)
     settings = load_settings()
     inputs = check_flags(args)  # bad input is reported before the model is loaded
     threads = torch.get_num_threads()

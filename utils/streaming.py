@@ -1,0 +1,126 @@
+"""The body of the page's streaming loop, without Streamlit: submit prompts as they come due, fold the engine's
+events into the run, and decide what the page should redraw (throttled, because every redraw costs the engine
+thread time: it shares the GIL with the script drawing the page).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from batching.engine.events import Event
+from batching.engine.params import RequestParams
+from batching.engine.request import Request
+from utils.queue import LiveRun, QueueItem, RequestView
+
+# While streaming, answers are redrawn at most this often, and charts at most this often (and then only after
+# waiting 4x as long as they took to draw).
+TEXT_REDRAW_S = 0.1
+CHART_REDRAW_S = 0.5
+CHART_COST_FACTOR = 4
+
+
+class EngineSession(Protocol):
+    """What the loop needs of a tab's handle on the shared engine (`batching.service.Session`)."""
+
+    def submit(self, prompt: str, params: RequestParams) -> Request: ...
+
+    def poll(self, timeout: float = 0.0) -> list[Event]: ...
+
+
+@dataclass(frozen=True)
+class Redraw:
+    """What changed since the last tick and should be drawn now."""
+
+    now: float
+    answers: list[tuple[int, RequestView]] = field(default_factory=list)  # (index on the page, view)
+    progress: bool = False
+    live_charts: bool = False
+    done: bool = False
+
+
+def join_new_items(
+    run: LiveRun, items: Iterable[QueueItem], joined: set[int], formatted: Callable[[str], str], now: float
+) -> list[RequestView]:
+    """Queue items not yet in the run join it now (the engine is shared and keeps going); `joined` is updated."""
+    views = []
+    for item in items:
+        if item.item_id not in joined:
+            joined.add(item.item_id)
+            views.append(run.plan(item.prompt, formatted(item.prompt), item.max_new_tokens, now - run.start))
+    return views
+
+
+class Stream:
+    """One script run's view of a live run: `tick()` until `Redraw.done`, sleeping `pause()` in between.
+
+    A click elsewhere stops the script at its next redraw; the next script run makes a new `Stream` on the same
+    `LiveRun`, which picks up where the last one left off (every view is drawn afresh by the page then).
+    """
+
+    def __init__(
+        self,
+        run: LiveRun,
+        session: EngineSession,
+        compare: bool,
+        clock: Callable[[], float] = time.perf_counter,
+        text_every_s: float = TEXT_REDRAW_S,
+        chart_every_s: float = CHART_REDRAW_S,
+    ) -> None:
+        self.run = run
+        self.session = session
+        self.compare = compare
+        self.clock = clock
+        self.text_every_s = text_every_s
+        self.chart_every_s = chart_every_s
+        self._drawn = {view.number: self._shown(view) for view in run.views}
+        self._last_text = 0.0
+        self._next_chart = 0.0
+
+    @staticmethod
+    def _shown(view: RequestView) -> tuple[str, str]:
+        return view.status_line(), view.shown_text()
+
+    def submit_due(self, now: float) -> None:
+        """Send every planned prompt whose arrival time has come; a refusal ends that prompt with the message."""
+        for view in self.run.due(now):
+            try:
+                request = self.session.submit(view.formatted, self.run.params(view))
+            except (ValueError, RuntimeError) as exc:
+                self.run.refuse(view, str(exc))
+            else:
+                self.run.submitted(view, request.request_id, request.times.arrival)
+
+    def tick(self) -> Redraw:
+        """Submit what is due, wait up to one text interval for events and fold them in; say what to redraw."""
+        run = self.run
+        self.submit_due(self.clock())
+        run.fold(self.session.poll(timeout=self.text_every_s))
+        now = self.clock()
+        answers = []
+        if now - self._last_text >= self.text_every_s or run.done:
+            self._last_text = now
+            answers = self._changed_answers(run.views)
+        charts = now >= self._next_chart or run.done
+        # When the comparison follows, its replays' charts come next: spare the browser a redraw while they run.
+        comparing = run.done and self.compare and run.completed
+        return Redraw(now, answers, progress=charts, live_charts=charts and not comparing, done=run.done)
+
+    def _changed_answers(self, views: Sequence[RequestView]) -> list[tuple[int, RequestView]]:
+        changed = []
+        for index, view in enumerate(views):
+            shown = self._shown(view)
+            if self._drawn.get(view.number) != shown:
+                self._drawn[view.number] = shown
+                changed.append((index, view))
+        return changed
+
+    def charts_drawn(self, started: float) -> None:
+        """The page drew the charts of the tick at `started`: the next chart redraw waits in proportion."""
+        self._next_chart = started + max(self.chart_every_s, CHART_COST_FACTOR * (self.clock() - started))
+
+    def pause(self) -> float:
+        """Seconds to sleep before the next tick, so answers are not redrawn more often than every interval."""
+        return max(0.0, self._last_text + self.text_every_s - self.clock())
