@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
@@ -20,7 +21,7 @@ from batching.arrivals import Schedule
 from batching.bench.workloads import builtin_workload_names, load_workload
 from batching.engine.batcher import Batcher, BatcherOptions, request_builder
 from batching.engine.builder import RequestBuilder
-from batching.engine.events import FinishedEvent
+from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.params import RequestParams, SamplingParams
 from batching.service import EngineService, ServiceLimits, Session
 from config.settings import (
@@ -35,6 +36,8 @@ from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
 from utils import charts, export
 from utils.charts import Owns
+from utils.inspector import grid_frame, packed_tokens, step_rows_frame, waste_meters
+from utils.inspector_charts import GRID_CAPTION, packed_sequence_html, token_grid_chart
 from utils.log_setup import configure_logging
 from utils.metrics import RunRecord, summarize
 from utils.plain_text import card_heading_html
@@ -62,6 +65,8 @@ POLICY_NAMES = {
     "longest-first": "longest cap first",
 }
 CHARTS = ("occupancy", "latency", "timeline")
+RUN_NAMES = {"continuous": "continuous (replay)", "static": "static (replay)", "live": "live (shared engine)"}
+Decode = Callable[[Sequence[int]], str]
 
 
 # --- resources shared by every tab of this process ---------------------------------------------------------
@@ -544,14 +549,61 @@ def comparison_charts(run: LiveRun, compare: bool, layout: ChartLayout) -> dict[
     return runs
 
 
-# --- 4. the numbers ----------------------------------------------------------------------------------------------
+# --- 4. inside the steps -------------------------------------------------------------------------------------------
+def inspector_section(runs: dict[str, RunRecord], labels: dict[str, str], decode: Decode) -> None:
+    """The token grid of one run, its waste meters, and one step looked at closely (picked on the grid or slider)."""
+    st.header("4 · Inside the steps")
+    names = [name for name in ("continuous", "static", "live") if name in runs]
+    mode = st.radio("Run", names, horizontal=True, key="inspect_run", format_func=RUN_NAMES.get)
+    record = runs[mode]
+    if not any(step.rows for step in record.steps):
+        st.info("This run has no step detail to show.")
+        return
+    meters = waste_meters(record)
+    columns = st.columns(5)
+    columns[0].metric("slot-steps doing work", f"{meters.slot_use:.0%}", help="of slots × steps")
+    columns[1].metric("held by finished requests", meters.slot_steps_held, help="slot-steps (static waves)")
+    columns[2].metric("padding tokens computed", meters.padding_tokens)
+    columns[3].metric("tokens per step", f"{meters.tokens_per_step_mean:.1f}", help="prompt + decode, mean")
+    columns[4].metric("token budget filled", f"{meters.budget_fill_mean:.1%}", help="mean over steps")
+    frame, width = grid_frame(record, labels)
+    if width > 1:
+        st.caption(f"{len(record.steps)} steps: each column shows {width} steps (the kind a slot had most often).")
+    event = st.altair_chart(
+        token_grid_chart(frame, record.slots, width), on_select="rerun", key=f"grid_{mode}", width="stretch"
+    )
+    st.caption(GRID_CAPTION)
+    step_key = f"inspect_step_{mode}"
+    picked = [point["first_step"] for point in event.selection.get("step", []) if "first_step" in point]
+    if picked and st.session_state.get(step_key + "_picked") != picked[0]:
+        st.session_state[step_key + "_picked"] = picked[0]
+        st.session_state[step_key] = picked[0] + 1  # the slider counts steps from 1
+    number = st.slider("Step", 1, len(record.steps), key=step_key) if len(record.steps) > 1 else 1
+    step_section(record.steps[number - 1], labels, decode)
+
+
+def step_section(step: StepEvent, labels: dict[str, str], decode: Decode) -> None:
+    """One forward pass: its rows, the packed sequence the linear layers saw, and the token budget it used."""
+    packed = sum(row.tokens + row.padding for row in step.rows)
+    budget = step.token_budget or packed
+    st.progress(min(1.0, packed / budget), text=f"{packed} tokens packed into this step, of a budget of {budget}")
+    st.dataframe(step_rows_frame(step, labels), hide_index=True, width="stretch")
+    st.caption(
+        "The packed sequence (one colour per request, padding outlined in red): every row's new tokens side by side "
+        "in one sequence, so the linear layers compute real tokens only. Other users' tokens show as •."
+    )
+    st.html(packed_sequence_html(packed_tokens(step, labels, decode)))
+
+
+# --- 5. the numbers ----------------------------------------------------------------------------------------------
 def numbers_section(runs: dict[str, RunRecord], others_seen: bool) -> None:
     summaries = {mode: summarize(record) for mode, record in runs.items()}
-    st.header("4 · The numbers")
+    meters = {mode: waste_meters(record) for mode, record in runs.items()}
+    st.header("5 · The numbers")
     if "static" in summaries:
         factor = export.speedup(summaries["continuous"], summaries["static"])
         st.subheader(f"Same queue, same model, same batch size: {export.speedup_sentence(factor)}")
-    st.dataframe(export.comparison_frame(summaries), width="content")
+    st.dataframe(export.comparison_frame(summaries, meters), width="content")
     notes = [
         "Latency counts from when a request arrived; occupancy is working slots ÷ batch size, averaged over steps."
     ]
@@ -570,11 +622,11 @@ def numbers_section(runs: dict[str, RunRecord], others_seen: bool) -> None:
     st.caption(" ".join(notes))
 
 
-# --- 5. export ---------------------------------------------------------------------------------------------------
+# --- 6. export ---------------------------------------------------------------------------------------------------
 def export_section(runs: dict[str, RunRecord], run: LiveRun, setup: dict) -> None:
     labels = run.labels()
     prompts = {view.request_id: view.prompt for view in run.views if view.request_id}
-    st.header("5 · Export")
+    st.header("6 · Export")
     requests_csv = export.to_csv(export.requests_table(runs, labels, prompts))
     steps_csv = export.to_csv(export.steps_table(runs, labels))
     json_doc = export.to_json(runs, labels, prompts, setup)
@@ -620,6 +672,7 @@ def main() -> None:
     if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
         st.rerun()
     runs = comparison_charts(run, choices.compare, layout)
+    inspector_section(runs, run.labels(), lambda ids: str(loaded.tokenizer.decode(list(ids))))
     numbers_section(runs, run.others_seen)
     export_section(runs, run, st.session_state.run_setup)
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from model.prompting import extract_answer
+from utils.inspector import WasteMeters, waste_meters
 from utils.metrics import RunRecord, RunSummary, requests_frame, steps_frame, summarize
 
 # (row label, RunSummary attribute, how to show it)
@@ -26,13 +27,32 @@ _FIGURES = (
 )
 
 
-def comparison_frame(summaries: Mapping[str, RunSummary]) -> pd.DataFrame:
-    """One row per figure, one column per run (e.g. continuous, static), values formatted for reading."""
+# (row label, WasteMeters attribute, how to show it): what of the compute was useful
+_WASTE = (
+    ("slot-steps doing work", "slot_use", "{:.0%}"),
+    ("slot-steps held by finished requests", "slot_steps_held", "{:d}"),
+    ("padding tokens computed", "padding_tokens", "{:d}"),
+    ("tokens per step (mean)", "tokens_per_step_mean", "{:.1f}"),
+    ("token budget filled (mean)", "budget_fill_mean", "{:.1%}"),
+)
+
+
+def comparison_frame(
+    summaries: Mapping[str, RunSummary], meters: Mapping[str, WasteMeters] | None = None
+) -> pd.DataFrame:
+    """One row per figure, one column per run (e.g. continuous, static), values formatted for reading; the waste
+    meters below the timings when given (a run recorded without step rows shows them as –)."""
+    figures = [(label, summaries, attribute, form) for label, attribute, form in _FIGURES]
+    if meters is not None:
+        figures += [(label, meters, attribute, form) for label, attribute, form in _WASTE]
     table = {
-        mode: [_show(getattr(summary, attribute), form) for _, attribute, form in _FIGURES]
-        for mode, summary in summaries.items()
+        mode: [
+            _show(getattr(source[mode], attribute), form) if mode in source else "–"
+            for _, source, attribute, form in figures
+        ]
+        for mode in summaries
     }
-    return pd.DataFrame(table, index=pd.Index([label for label, _, _ in _FIGURES], name="figure"))
+    return pd.DataFrame(table, index=pd.Index([label for label, *_ in figures], name="figure"))
 
 
 def _show(value: float, form: str) -> str:
@@ -114,6 +134,7 @@ def to_json(
     for mode, run in runs.items():
         document["runs"][mode] = {
             "summary": json_safe(summarize(run).as_dict()),
+            "waste": json_safe(waste_meters(run).as_dict()),
             "requests": _records(requests[requests["run"] == mode]),
             "steps": _records(steps[steps["run"] == mode]),
         }

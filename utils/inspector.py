@@ -16,6 +16,7 @@ from batching.runs import RunRecord
 from utils.metrics import percentile
 
 IDLE = "idle"
+OTHERS = "other user"
 PADDING = "padding"
 # What a cell of the grid shows, in legend order.
 CELL_KINDS = (RowKind.PREFILL.value, RowKind.DECODE.value, RowKind.HELD.value, PADDING, RowKind.WAITING.value, IDLE)
@@ -39,8 +40,8 @@ def grid_frame(run: RunRecord, labels: Mapping[str, str], max_columns: int = 600
     width = max(1, math.ceil(len(steps) / max_columns)) if steps else 1
     cells: dict[tuple[int, int], dict] = {}
     counts: dict[tuple[int, int], dict[str, int]] = {}
-    for event in steps:
-        column = event.index // width if width > 1 else event.index
+    for number, event in enumerate(steps):  # numbered from 0 within this run (the shared engine's own count differs)
+        column = number // width
         by_slot = {row.slot: row for row in event.rows}
         for slot in range(len(event.slots)):
             key = (column, slot)
@@ -49,16 +50,16 @@ def grid_frame(run: RunRecord, labels: Mapping[str, str], max_columns: int = 600
                 kind, request, tokens, padding, positions = IDLE, "", 0, 0, ""
             else:
                 kind = _cell_kind(row.tokens, row.padding, row.kind)
-                request = labels.get(row.request_id, row.request_id)
+                request = labels.get(row.request_id, OTHERS)
                 tokens, padding = row.tokens, row.padding
                 last = row.first_position + row.tokens - 1
                 positions = f"{row.first_position}–{last}" if row.tokens > 1 else str(row.first_position)
                 positions = positions if row.tokens else ""
             cell = cells.setdefault(
                 key,
-                {"column": column, "first_step": event.index, "slot": slot + 1, "tokens": 0, "padding": 0},
+                {"column": column, "first_step": number, "slot": slot + 1, "tokens": 0, "padding": 0},
             )
-            cell["last_step"] = event.index
+            cell["last_step"] = number
             cell["tokens"] += tokens
             cell["padding"] += padding
             tally = counts.setdefault(key, {})
@@ -132,7 +133,7 @@ def step_rows_frame(step: StepEvent, labels: Mapping[str, str]) -> pd.DataFrame:
         size = row.padding + row.tokens
         rows.append(
             {
-                "request": labels.get(row.request_id, row.request_id),
+                "request": labels.get(row.request_id, OTHERS),
                 "slot": row.slot + 1,
                 "kind": _cell_kind(row.tokens, row.padding, row.kind),
                 "tokens": row.tokens,
@@ -148,10 +149,16 @@ def step_rows_frame(step: StepEvent, labels: Mapping[str, str]) -> pd.DataFrame:
 def packed_tokens(
     step: StepEvent, labels: Mapping[str, str], decode: Callable[[Sequence[int]], str]
 ) -> list[tuple[str, str]]:
-    """The packed sequence the linear layers saw, as (request label, token text) pairs; padding shown as "␣pad"."""
+    """The packed sequence the linear layers saw, as (request label, token text) pairs; padding shown as "␣pad".
+
+    Only requests in `labels` (the reader's own) show their text; other users' tokens are counted as "•".
+    """
     sequence = []
     for row in step.rows:
-        label = labels.get(row.request_id, row.request_id)
+        label = labels.get(row.request_id, OTHERS)
         sequence += [(label, "␣pad")] * row.padding
-        sequence += [(label, decode([token])) for token in row.token_ids]
+        if row.request_id in labels:
+            sequence += [(label, decode([token])) for token in row.token_ids]
+        else:  # another user's request on the shared engine: its place in the batch, never its text
+            sequence += [(label, "•")] * row.tokens
     return sequence

@@ -1,11 +1,15 @@
-"""Charts of the step inspector: the token grid (slots x steps) and the waste meters as a small bar chart."""
+"""Drawings of the step inspector: the token grid (slots x steps) and one step's packed sequence."""
 
 from __future__ import annotations
+
+import html
+from collections.abc import Sequence
 
 import altair as alt
 import pandas as pd
 
 from utils.inspector import CELL_KINDS
+from utils.plain_text import isolated_html
 
 # prefill, decode, held, padding, waiting, idle: the same amber for "held" as the occupancy charts.
 _KIND_COLORS = ["#10b981", "#3b82f6", "#f59e0b", "#ef4444", "#a3a3a3", "#e5e7eb"]
@@ -55,3 +59,31 @@ def token_grid_chart(
         return chart
     selector = alt.selection_point(name="step", fields=["first_step"], on="click", clear=False)
     return chart.add_params(selector).encode(opacity=alt.condition(selector, alt.value(1.0), alt.value(0.55)))
+
+
+# One colour per request of a step, cycled; text stays readable on each.
+_REQUEST_COLORS = ["#dbeafe", "#dcfce7", "#fef3c7", "#fce7f3", "#e0e7ff", "#ccfbf1", "#fee2e2", "#f3e8ff"]
+
+
+def packed_sequence_html(sequence: Sequence[tuple[str, str]], limit: int = 600) -> str:
+    """The packed tokens as coloured chips, one colour per request; every token text escaped (user text stays text).
+
+    Padding chips are outlined in red. Beyond `limit` tokens the rest is counted, not drawn.
+    """
+    colours: dict[str, str] = {}
+    chips = []
+    for label, text in sequence[:limit]:
+        colour = colours.setdefault(label, _REQUEST_COLORS[len(colours) % len(_REQUEST_COLORS)])
+        border = "1px solid #ef4444" if text == "␣pad" else "1px solid transparent"
+        shown = isolated_html(text.replace("\n", "↵")) if text else "&nbsp;"
+        chips.append(
+            f'<span title="{html.escape(label)}" style="background:{colour};border:{border};color:#111;'
+            f'border-radius:3px;padding:0 2px;margin:1px;display:inline-block;white-space:pre">{shown}</span>'
+        )
+    rest = len(sequence) - limit
+    more = f"<span> … and {rest} more tokens</span>" if rest > 0 else ""
+    legend = " ".join(
+        f'<span style="background:{colour};color:#111;border-radius:3px;padding:0 4px">{html.escape(label)}</span>'
+        for label, colour in colours.items()
+    )
+    return f'<div style="line-height:1.9;font-family:monospace">{"".join(chips)}{more}</div><div>{legend}</div>'
