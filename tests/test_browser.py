@@ -85,7 +85,7 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
     page.wait_for_selector(IDLE)
     assert page.get_by_test_id("stText").filter(has_text="▌").count() == 0
     assert page.get_by_text("finished · 12 of 12 done").count() == 1
-    assert page.get_by_test_id("stVegaLiteChart").count() == 6  # 3 charts x (continuous, static)
+    assert page.get_by_test_id("stVegaLiteChart").count() == 7  # 3 charts x (continuous, static), the token grid
     texts = page.get_by_test_id("stText").all_inner_texts()
     assert len(texts) == 12 and sum(1 for text in texts if text.strip()) >= 11
     assert page.get_by_test_id("stMain").get_by_role("button", name="Everything (JSON)").count() == 1
@@ -95,6 +95,31 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
     screenshot = os.environ.get("BATCHSCOPE_SCREENSHOT") or str(tmp_path / "screenshot.png")
     page.get_by_test_id("stMain").screenshot(path=screenshot)
     page.set_viewport_size({"width": 1440, "height": 1000})
+
+
+def test_a_click_on_the_token_grid_opens_that_step_in_the_inspector(page, record_property) -> None:
+    main = page.get_by_test_id("stMain")
+    main.get_by_text("4 · Inside the steps").scroll_into_view_if_needed()
+    shown = time.perf_counter()
+    main.get_by_text("static (replay)").click()
+    page.wait_for_selector(IDLE)
+    grid = main.get_by_test_id("stVegaLiteChart").last
+    grid.locator("canvas, svg").first.wait_for()
+    draw_s = time.perf_counter() - shown
+    record_property("grid_draw_s", round(draw_s, 3))
+    print(f"\nthe static run's token grid drew {draw_s:.2f} s after picking it")
+    slider = main.get_by_test_id("stSliderThumbValue")
+    assert slider.inner_text() == "1"
+    page.wait_for_timeout(1000)  # the chart settles (Streamlit swaps its element once after the first draw)
+    grid = main.get_by_test_id("stVegaLiteChart").last
+    grid.scroll_into_view_if_needed()
+    box = grid.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.3)  # a cell of a later step
+    page.wait_for_timeout(500)
+    page.wait_for_selector(IDLE)
+    picked = int(slider.inner_text())
+    assert picked > 1, "the click did not move the inspector to another step"
+    assert main.get_by_text("tokens packed into this step").count() == 1
 
 
 def test_a_prompt_added_mid_run_joins_it_and_stop_cancels_the_rest(page) -> None:

@@ -53,7 +53,7 @@ def token_grid_chart(
                 alt.Tooltip("positions:N"),
             ],
         )
-        .properties(height=max(120, 18 * slots))
+        .properties(height=120 + 22 * slots)  # Streamlit fits title, axes and legend into the height too
     )
     if not selectable:
         return chart
