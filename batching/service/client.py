@@ -1,0 +1,382 @@
+"""The client of the engine process: starts it, talks to it over two pipes, and hands out sessions.
+
+One client per server process (the page keeps it in `st.cache_resource`; every tab is a `Session` of it). Requests
+are tokenised and checked here with the engine's own `RequestBuilder`, so a bad prompt is a `ValueError` at once;
+queue and engine limits are checked here too (all requests to this engine pass through this client). A receiver
+thread routes the engine's per-step `Outputs` to sessions and private runs; a reaper thread drops sessions that
+stopped polling, cancelling their requests. If the engine process dies, every waiting request ends with an error
+and the next call (`ensure_running`, a submit) starts a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from functools import cache
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from transformers import PreTrainedTokenizerBase
+
+from batching.arrivals import Schedule
+from batching.engine.batcher import MODES, BatcherOptions
+from batching.engine.builder import RequestBuilder
+from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.params import RequestParams
+from batching.service.core import failed
+from batching.service.handles import (
+    EngineDeadError,
+    PrivateBatcher,
+    PrivateRun,
+    QueueFullError,
+    Session,
+    Submitted,
+)
+from batching.service.messages import (
+    Cancel,
+    ClosePrivate,
+    Command,
+    EngineConfig,
+    EngineInfo,
+    EngineStats,
+    LoadFailed,
+    OpenPrivate,
+    Outputs,
+    Ready,
+    RunEnded,
+    RunPrivate,
+    Shutdown,
+    Submit,
+)
+from batching.service.process import engine_main
+from config.settings import LimitSettings
+from model.loader import ModelLoadError, load_tokenizer, resolve_source
+
+logger = logging.getLogger(__name__)
+
+REAP_EVERY_S = 0.25
+
+
+class EngineClient:
+    """Starts the engine process for `config` and is every caller's way to it (thread-safe)."""
+
+    def __init__(self, config: EngineConfig, limits: LimitSettings | None = None) -> None:
+        self.config = config
+        self.limits = limits or LimitSettings()
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.stats = EngineStats()
+        self._lock = threading.Lock()  # sessions, pending requests, private runs
+        self._send_lock = threading.Lock()  # one writer on the pipe; never held while taking `_lock` for long
+        self._start_lock = threading.Lock()
+        self._sessions: dict[str, Session] = {}
+        self._owner: dict[str, Session] = {}
+        self._privates: dict[str, PrivateBatcher] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._alive = False
+        self._generation = 0
+        self.process: BaseProcess | None = None
+        self._commands: Connection | None = None
+        source = resolve_source(config.model.name_or_path)  # a missing folder fails here, before any process starts
+        self.info: EngineInfo = self._start()
+        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(source, config.model, config.tokenizer)
+        self._builders = cache(self._builder)
+        threading.Thread(target=self._reap_loop, name="batchscope-reaper", daemon=True).start()
+
+    # --- the process ----------------------------------------------------------------------------------------
+    def _start(self) -> EngineInfo:
+        """Spawn the engine process and wait until its model is loaded; raises ModelLoadError or RuntimeError."""
+        context = multiprocessing.get_context("spawn")
+        commands_out, commands_in = context.Pipe(duplex=False)
+        outputs_out, outputs_in = context.Pipe(duplex=False)
+        process = context.Process(
+            target=engine_main, args=(self.config, commands_out, outputs_in), name="batchscope-engine", daemon=True
+        )
+        process.start()
+        commands_out.close()  # the child holds its own copies: EOF on `outputs_out` now means the child is gone
+        outputs_in.close()
+        try:
+            first = outputs_out.recv()
+        except EOFError:
+            process.join(5)
+            raise RuntimeError(f"the engine process exited while starting ({_exit(process)})") from None
+        if isinstance(first, LoadFailed):
+            process.join(5)
+            raise (ModelLoadError if first.model_error else RuntimeError)(first.message)
+        assert isinstance(first, Ready)
+        with self._send_lock, self._lock:
+            self.process, self._commands, self._alive = process, commands_in, True
+            self._generation += 1
+            self.stats = EngineStats()
+        weakref.finalize(self, _shut_down, process, commands_in)
+        threading.Thread(
+            target=self._receive, args=(outputs_out, self._generation), name="batchscope-receiver", daemon=True
+        ).start()
+        logger.info("engine process %d ready (%s)", process.pid, first.info.name)
+        return first.info
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def ensure_running(self) -> bool:
+        """Start a new engine process if the last one died; True when it had to (the page says so)."""
+        with self._start_lock:
+            if self._alive or self._closed:
+                return False
+            logger.warning("engine process died (%s); starting a new one", self.last_error)
+            self.info = self._start()
+            self.restarts += 1
+            return True
+
+    def close(self) -> None:
+        """Stop the engine process (also done at interpreter exit)."""
+        self._closed = True
+        with self._send_lock:
+            if self.process is not None and self._commands is not None:
+                _shut_down(self.process, self._commands)
+            self._alive = False
+
+    def _send(self, command: Command) -> None:
+        with self._send_lock:
+            self._send_unlocked(command)
+
+    def _dead_message(self) -> str:
+        return f"the engine stopped ({self.last_error or 'not running'}); reload the page to restart it"
+
+    # --- sessions and the shared batchers --------------------------------------------------------------------
+    def builder(self, options: BatcherOptions) -> RequestBuilder:
+        """What a batcher with `options` accepts (the engine's own checks, run here)."""
+        return self._builders(options)
+
+    def _builder(self, options: BatcherOptions) -> RequestBuilder:
+        context = min(self.info.context_length, options.max_seq_len)
+        return RequestBuilder(self.tokenizer, context, options.max_prompt_tokens)
+
+    def open_session(self, options: BatcherOptions) -> Session:
+        with self._lock:
+            session = Session(self, f"s{next(self._ids)}", options)
+            self._sessions[session.session_id] = session
+        return session
+
+    def close_session(self, session: Session) -> None:
+        with self._lock:
+            session.closed = True
+            self._sessions.pop(session.session_id, None)
+        self.cancel_all(session)
+
+    def cancel_all(self, session: Session) -> None:
+        with self._lock:
+            pending = list(session.pending)
+        self.cancel(pending)
+
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def live_engines(self) -> int:
+        return self.stats.live_engines
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._owner)
+
+    def submit(self, session: Session, prompt: str | Sequence[int], params: RequestParams) -> Submitted:
+        self.ensure_running()
+        session.last_seen = time.monotonic()
+        request = self.builder(session.options).build(prompt, params, session.next_request_id())
+        rid = request.request_id
+        with self._send_lock:  # bookkeeping and sending in one order, so a cancel never overtakes its submit
+            with self._lock:
+                self._admit(session, rid)
+            try:
+                self._send_unlocked(Submit(session.options, request))
+            except EngineDeadError:
+                with self._lock:
+                    self._owner.pop(rid, None)
+                    session.pending.pop(rid, None)
+                raise
+        return Submitted(rid, request.times.arrival, tuple(request.prompt_ids), params)
+
+    def _admit(self, session: Session, request_id: str) -> None:
+        """Check the limits and record the request as pending; raises QueueFullError or ValueError."""
+        if session.closed:
+            raise ValueError("this session is closed: reload the page")
+        limits = self.limits
+        if len(session.pending) >= limits.max_queue_per_session:
+            raise QueueFullError(
+                f"you already have {len(session.pending)} requests queued or running, the most one person may "
+                f"have (max_queue_per_session={limits.max_queue_per_session}): wait for some to finish"
+            )
+        if len(self._owner) >= limits.max_queue_total:
+            raise QueueFullError(
+                f"the engine is full: {len(self._owner)} requests are queued or running for everyone "
+                f"(max_queue_total={limits.max_queue_total}); try again in a moment"
+            )
+        busy = {owner.pending[rid] for rid, owner in self._owner.items()}  # batchers with requests in flight
+        most = self.config.engine.max_engines
+        if session.options not in busy and len(busy) >= most:
+            raise QueueFullError(
+                f"all {most} engines (max_engines={most}) are busy with other batch sizes or policies: "
+                "pick one in use, or try again when one is free"
+            )
+        session.pending[request_id] = session.options
+        self._owner[request_id] = session
+
+    def _send_unlocked(self, command: Command) -> None:
+        """`_send` for a caller that already holds `_send_lock`."""
+        if not self._alive or self._commands is None:
+            raise EngineDeadError(self._dead_message())
+        try:
+            self._commands.send(command)
+        except OSError:
+            raise EngineDeadError(self._dead_message()) from None
+
+    def cancel(self, request_ids: Sequence[str]) -> None:
+        if request_ids and self._alive:
+            with contextlib.suppress(EngineDeadError):  # its requests have ended with an error already
+                self._send(Cancel(tuple(request_ids)))
+
+    # --- private batchers ------------------------------------------------------------------------------------
+    def open_private(self, mode: str, options: BatcherOptions) -> PrivateBatcher:
+        """A batcher of your own in the engine process, stepped in its loop with a clock of its own."""
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is not allowed: choose one of {', '.join(MODES)}")
+        self.ensure_running()
+        private = PrivateBatcher(self, f"p{next(self._ids)}", mode, options)
+        with self._lock:
+            self._privates[private.batcher_id] = private
+        self._send(OpenPrivate(private.batcher_id, mode, options))
+        return private
+
+    def run_private(
+        self,
+        private: PrivateBatcher,
+        items: Sequence[tuple[str | Sequence[int], RequestParams, str]],
+        schedule: Schedule,
+    ) -> PrivateRun:
+        if len(items) != len(schedule):
+            raise ValueError(f"{len(items)} requests but {len(schedule)} arrival times: give one per request")
+        builder = self.builder(private.options)
+        requests = tuple(builder.build(prompt, params, request_id) for prompt, params, request_id in items)
+        run = private.current = PrivateRun(private.mode, private.options.max_batch_size)
+        self._send(RunPrivate(private.batcher_id, requests, schedule))
+        return run
+
+    def close_private(self, private: PrivateBatcher) -> None:
+        with self._lock:
+            known = self._privates.pop(private.batcher_id, None) is not None
+        if known and self._alive:
+            with contextlib.suppress(EngineDeadError):
+                self._send(ClosePrivate(private.batcher_id))
+
+    # --- the receiver and the reaper -------------------------------------------------------------------------
+    def _receive(self, outputs: Connection, generation: int) -> None:
+        """Route the engine's messages until its pipe closes; then fail everything still waiting."""
+        try:
+            while True:
+                message = outputs.recv()
+                if isinstance(message, Outputs):
+                    self._route(message)
+                elif isinstance(message, RunEnded):
+                    self._end_run(message)
+                elif isinstance(message, EngineStats):
+                    self.stats = message
+        except (EOFError, OSError):
+            pass
+        self._on_death(generation)
+
+    def _route(self, message: Outputs) -> None:
+        if isinstance(message.source, str):
+            private = self._privates.get(message.source)
+            if private is not None and private.current is not None:
+                private.current.inbox.put(message.events)
+            return
+        options = message.source
+        with self._lock:
+            # Who watches this batcher's steps: its sessions with pending requests before the step's finishes.
+            watchers = [s for s in self._sessions.values() if options in s.pending.values()]
+            for event in message.events:
+                if isinstance(event, StepEvent):
+                    for session in watchers:
+                        session.inbox.put(event)
+                    continue
+                session = self._owner.get(event.request_id)
+                if session is None:
+                    continue
+                if isinstance(event, FinishedEvent):
+                    del self._owner[event.request_id]
+                    session.pending.pop(event.request_id, None)
+                if not session.closed:
+                    session.inbox.put(event)
+
+    def _end_run(self, message: RunEnded) -> None:
+        private = self._privates.get(message.batcher_id)
+        if private is not None and private.current is not None:
+            private.current.inbox.put(message)
+
+    def _on_death(self, generation: int) -> None:
+        process = self.process
+        if process is not None:
+            process.join(2)
+        with self._send_lock, self._lock:
+            if generation != self._generation or self._closed:
+                return
+            self._alive = False
+            self.last_error = f"the engine process stopped: {_exit(process)}" if process else "no engine process"
+            logger.error("%s", self.last_error)
+            message = self._dead_message()
+            owners, self._owner = self._owner, {}
+            for request_id, session in owners.items():
+                session.pending.pop(request_id, None)
+                session.inbox.put(failed(request_id, message))
+            for private in self._privates.values():
+                if private.current is not None:
+                    private.current.inbox.put(EngineDeadError(message))
+            self._privates.clear()
+            self.stats = EngineStats()
+
+    def _reap_loop(self) -> None:
+        while not self._closed:
+            time.sleep(REAP_EVERY_S)
+            self.reap()
+
+    def reap(self) -> int:
+        """Drop sessions silent for `session_timeout_s`, cancelling their requests; returns how many."""
+        deadline = time.monotonic() - self.config.engine.session_timeout_s
+        with self._lock:
+            gone = [s for s in self._sessions.values() if s.last_seen < deadline]
+        for session in gone:
+            if session.pending:
+                logger.info("session %s went away; cancelling %d requests", session.session_id, len(session.pending))
+            self.close_session(session)
+        return len(gone)
+
+
+def _exit(process: BaseProcess) -> str:
+    code = process.exitcode
+    if code is None:
+        return "still running but not answering"
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def _shut_down(process: BaseProcess, commands: Connection) -> None:
+    """Ask the engine process to stop, then make sure it has."""
+    with contextlib.suppress(OSError):
+        commands.send(Shutdown())
+    process.join(3)
+    if process.is_alive():
+        process.terminate()
+        process.join(3)
