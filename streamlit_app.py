@@ -1,35 +1,40 @@
 """Batchscope: watch continuous batching of LLM inference happen, and measure why it beats static batching.
 
-The page only draws. The engine (`batching/`) runs one continuous batcher per process in a background thread,
-shared by every browser tab; `utils/` turns its events into the queue view, frames, charts and files.
+The page only draws. The engine (`batching/`) runs in a process of its own, shared by every browser tab through
+one client; `utils/` turns its events into the queue view, frames, charts and files.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict
 
 import pandas as pd
 import streamlit as st
-import torch
 
 from batching.arrivals import Schedule
 from batching.bench.workloads import builtin_workload_names, load_workload
-from batching.engine.batcher import Batcher, BatcherOptions, request_builder
+from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent
 from batching.engine.params import RequestParams, SamplingParams
-from batching.service import EngineService, ServiceLimits, Session
-from config.settings import ModelSettings, Settings, SettingsError, TokenizerSettings, load_settings
-from model.loader import LoadedModel, ModelLoadError, load_model
+from batching.service import EngineClient, EngineConfig, Session
+from config.settings import (
+    EngineSettings,
+    LimitSettings,
+    ModelSettings,
+    Settings,
+    SettingsError,
+    TokenizerSettings,
+    load_settings,
+)
+from model.loader import ModelLoadError
 from model.prompting import format_prompt
 from utils import charts, export
 from utils.metrics import RunRecord, summarize
 from utils.queue import REPLAY_ORDER, LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
 
-SMALL_MODEL = 50_000_000  # parameters; below this the CPU runs torch on one thread (see get_model)
-# While streaming, the page redraws answers and charts at most this often: the engine thread shares the GIL
-# with this script, so every redraw slows the engine down a little. Charts also wait 4x as long as they took.
+# While streaming, the page redraws answers and charts at most this often (the browser has to keep up), and polls
+# the engine as often: a tab silent for `session_timeout_s` counts as closed. Charts wait 4x as long as they took.
 TEXT_REDRAW_S = 0.1
 CHART_REDRAW_S = 0.5
 DEFAULT_EXAMPLE = "customer-support"
@@ -48,32 +53,14 @@ st.set_page_config(page_title="Batchscope", page_icon="🔭", layout="wide")
 
 # --- resources shared by every tab of this process ---------------------------------------------------------
 @st.cache_resource(show_spinner=False)
-def get_model(model_json: str, tokenizer_json: str) -> LoadedModel:
-    """Load once per process, then run one tiny request so the first real one does not pay for warm-up."""
-    loaded = load_model(
-        ModelSettings.model_validate_json(model_json), TokenizerSettings.model_validate_json(tokenizer_json)
+def get_service(model_json: str, tokenizer_json: str, engine_json: str, limits_json: str) -> EngineClient:
+    """The engine process of this server (it loads the model once), shared by every tab through one client."""
+    config = EngineConfig(
+        ModelSettings.model_validate_json(model_json),
+        TokenizerSettings.model_validate_json(tokenizer_json),
+        EngineSettings.model_validate_json(engine_json),
     )
-    if loaded.device.type == "cpu" and loaded.num_parameters < SMALL_MODEL and "OMP_NUM_THREADS" not in os.environ:
-        # A small model's ops are too short to split: on shared cores, more threads mostly wait on each other.
-        torch.set_num_threads(1)
-    warm = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=1, max_batched_tokens=64))
-    warm.add("Hello", RequestParams(2))
-    for _ in warm.run():
-        pass
-    return loaded
-
-
-@st.cache_resource(show_spinner=False)
-def get_service(
-    model_json: str, tokenizer_json: str, options: tuple[tuple[str, object], ...], limits: tuple[int, int]
-) -> EngineService:
-    """One shared engine per (model, engine options): tabs choosing the same batch size and policy share a batch."""
-    loaded = get_model(model_json, tokenizer_json)
-    per_session, total = limits
-    return EngineService(
-        lambda: Batcher(loaded.model, loaded.tokenizer, BatcherOptions(**dict(options))),
-        ServiceLimits(max_queue_per_session=per_session, max_queue_total=total),
-    )
+    return EngineClient(config, LimitSettings.model_validate_json(limits_json))
 
 
 def engine_options(settings: Settings, batch_size: int, policy: str) -> BatcherOptions:
@@ -105,7 +92,8 @@ except SettingsError as exc:
 model_key = (settings.model.model_dump_json(), settings.tokenizer.model_dump_json())
 try:
     with st.spinner(f"Loading the model `{settings.model.name_or_path}` (once per server)…"):
-        loaded = get_model(*model_key)
+        service = get_service(*model_key, settings.engine.model_dump_json(), settings.limits.model_dump_json())
+        loaded = service.info
 except ModelLoadError as exc:
     st.error(f"The model could not be loaded: {exc}")
     st.info("Change that setting (environment variable or `.env`) and restart the app.")
@@ -117,9 +105,7 @@ except Exception as exc:  # a broken model folder can fail in many ways; the pag
     )
     st.stop()
 
-builder = request_builder(
-    loaded.model, loaded.tokenizer, engine_options(settings, settings.batching.max_batch_size, settings.batching.policy)
-)
+builder = service.builder(engine_options(settings, settings.batching.max_batch_size, settings.batching.policy))
 max_cap = builder.max_new_tokens
 st.caption(
     f"Model **{escape_markdown(loaded.name)}** · {loaded.num_parameters / 1e6:.1f} M parameters · "
@@ -172,11 +158,9 @@ with st.sidebar:
     compare = st.checkbox("Compare with static batching afterwards", value=True, key="compare")
 
 options = engine_options(settings, batch_size, policy)
-service = get_service(
-    *model_key, tuple(asdict(options).items()), (settings.limits.max_queue_per_session, settings.limits.max_queue_total)
-)
 if service.ensure_running():
     st.warning(f"The shared engine had stopped ({service.last_error}); it was restarted (restart {service.restarts}).")
+st.sidebar.caption(f"Engines live on this server: {service.live_engines} (at most {settings.engine.max_engines})")
 
 
 def check_prompt(prompt: str, cap: int) -> None:
@@ -198,9 +182,9 @@ run: LiveRun | None = state.run
 
 def engine_session() -> Session:
     """This tab's handle on the engine it is using now (one per engine, reopened if it was reaped)."""
-    session = state.engine_sessions.get(id(service))
+    session = state.engine_sessions.get(options)
     if session is None or session.closed:
-        session = state.engine_sessions[id(service)] = service.open_session()
+        session = state.engine_sessions[options] = service.open_session(options)
     return session
 
 
@@ -397,7 +381,7 @@ while True:
         except (ValueError, RuntimeError) as exc:
             run.refuse(view, str(exc))
         else:
-            run.submitted(view, request.request_id, request.times.arrival)
+            run.submitted(view, request.request_id, request.arrival)
     run.fold(session.poll(timeout=TEXT_REDRAW_S))
     now = time.perf_counter()
     if now - last_text >= TEXT_REDRAW_S or run.done:
@@ -429,11 +413,13 @@ def replay_all() -> None:
         done = run.replayed * len(run.views)
         text = f"Measuring: replay {run.replayed + 1} of {len(REPLAY_ORDER)}, {mode} batching"
         bar = replay_slot.progress(done / total, text=text)
-        batcher = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(**state.run_setup["engine"]), mode=mode)
-        for event in run.replay(batcher):
-            if isinstance(event, FinishedEvent):
-                done += 1
-                bar.progress(done / total, text=text)
+        with service.open_private(mode, BatcherOptions(**state.run_setup["engine"])) as batcher:
+            replay = batcher.run(*run.replay_queue())
+            for event in replay.events():
+                if isinstance(event, FinishedEvent):
+                    done += 1
+                    bar.progress(done / total, text=text)
+        run.keep_replay(replay.record)
     replay_slot.empty()
 
 

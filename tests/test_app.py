@@ -328,7 +328,8 @@ def test_other_users_requests_on_the_shared_engine_show_in_the_live_run(tiny_env
     generate(at)
     for prompt in ("a?", "b?", "c?"):
         add(at, prompt, 4)
-    other = at.session_state.run_session.service.open_session()  # another browser tab, with long answers in the engine
+    session = at.session_state.run_session  # another browser tab, with long answers in the same engine:
+    other = session.service.open_session(session.options)
     try:
         for _ in range(6):
             other.submit("Once upon a time", RequestParams(500, ignore_eos=True))

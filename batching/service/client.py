@@ -13,14 +13,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Sequence
 from functools import cache
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 
 from transformers import PreTrainedTokenizerBase
 
@@ -54,7 +55,6 @@ from batching.service.messages import (
     Shutdown,
     Submit,
 )
-from batching.service.process import engine_main
 from config.settings import LimitSettings
 from model.loader import ModelLoadError, load_tokenizer, resolve_source
 
@@ -79,10 +79,10 @@ class EngineClient:
         self._owner: dict[str, Session] = {}
         self._privates: dict[str, PrivateBatcher] = {}
         self._ids = itertools.count(1)
-        self._closed = False
+        self._stopping = threading.Event()  # set when this client stops its engine on purpose (close, exit)
         self._alive = False
         self._generation = 0
-        self.process: BaseProcess | None = None
+        self.process: subprocess.Popen | None = None
         self._commands: Connection | None = None
         source = resolve_source(config.model.name_or_path)  # a missing folder fails here, before any process starts
         self.info: EngineInfo = self._start()
@@ -92,32 +92,40 @@ class EngineClient:
 
     # --- the process ----------------------------------------------------------------------------------------
     def _start(self) -> EngineInfo:
-        """Spawn the engine process and wait until its model is loaded; raises ModelLoadError or RuntimeError."""
-        context = multiprocessing.get_context("spawn")
-        commands_out, commands_in = context.Pipe(duplex=False)
-        outputs_out, outputs_in = context.Pipe(duplex=False)
-        process = context.Process(
-            target=engine_main, args=(self.config, commands_out, outputs_in), name="batchscope-engine", daemon=True
+        """Start the engine process and wait until its model is loaded; raises ModelLoadError or RuntimeError.
+
+        A fresh interpreter (`python -m batching.service`), not multiprocessing's spawn: spawn re-runs the parent's
+        `__main__`, which under Streamlit is the page script itself. Two plain pipes carry pickled messages.
+        """
+        commands_out, commands_in = os.pipe()
+        outputs_out, outputs_in = os.pipe()
+        # The engine imports this project as the client does, from the same folders.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path or os.getcwd() for path in sys.path)}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "batching.service", str(commands_out), str(outputs_in)],
+            pass_fds=(commands_out, outputs_in),
+            env=env,
         )
-        process.start()
-        commands_out.close()  # the child holds its own copies: EOF on `outputs_out` now means the child is gone
-        outputs_in.close()
+        os.close(commands_out)  # the child holds its own copies: EOF on `outputs` now means the child is gone
+        os.close(outputs_in)
+        commands, outputs = Connection(commands_in, readable=False), Connection(outputs_out, writable=False)
+        commands.send(self.config)
         try:
-            first = outputs_out.recv()
+            first = outputs.recv()
         except EOFError:
-            process.join(5)
+            process.wait(5)
             raise RuntimeError(f"the engine process exited while starting ({_exit(process)})") from None
         if isinstance(first, LoadFailed):
-            process.join(5)
+            process.wait(5)
             raise (ModelLoadError if first.model_error else RuntimeError)(first.message)
         assert isinstance(first, Ready)
         with self._send_lock, self._lock:
-            self.process, self._commands, self._alive = process, commands_in, True
+            self.process, self._commands, self._alive = process, commands, True
             self._generation += 1
             self.stats = EngineStats()
-        weakref.finalize(self, _shut_down, process, commands_in)
+        weakref.finalize(self, _shut_down, process, commands, self._stopping)
         threading.Thread(
-            target=self._receive, args=(outputs_out, self._generation), name="batchscope-receiver", daemon=True
+            target=self._receive, args=(outputs, self._generation), name="batchscope-receiver", daemon=True
         ).start()
         logger.info("engine process %d ready (%s)", process.pid, first.info.name)
         return first.info
@@ -133,19 +141,21 @@ class EngineClient:
     def ensure_running(self) -> bool:
         """Start a new engine process if the last one died; True when it had to (the page says so)."""
         with self._start_lock:
-            if self._alive or self._closed:
+            if self._alive or self._stopping.is_set():
                 return False
             logger.warning("engine process died (%s); starting a new one", self.last_error)
             self.info = self._start()
             self.restarts += 1
+            with self._lock:  # the time without an engine does not count as a tab's silence
+                for session in self._sessions.values():
+                    session.last_seen = time.monotonic()
             return True
 
     def close(self) -> None:
         """Stop the engine process (also done at interpreter exit)."""
-        self._closed = True
         with self._send_lock:
             if self.process is not None and self._commands is not None:
-                _shut_down(self.process, self._commands)
+                _shut_down(self.process, self._commands, self._stopping)
             self._alive = False
 
     def _send(self, command: Command) -> None:
@@ -319,8 +329,7 @@ class EngineClient:
                 if isinstance(event, FinishedEvent):
                     del self._owner[event.request_id]
                     session.pending.pop(event.request_id, None)
-                if not session.closed:
-                    session.inbox.put(event)
+                session.inbox.put(event)  # a closed session's too: bounded by its requests, and it shows they ended
 
     def _end_run(self, message: RunEnded) -> None:
         private = self._privates.get(message.batcher_id)
@@ -330,9 +339,10 @@ class EngineClient:
     def _on_death(self, generation: int) -> None:
         process = self.process
         if process is not None:
-            process.join(2)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(2)
         with self._send_lock, self._lock:
-            if generation != self._generation or self._closed:
+            if generation != self._generation or self._stopping.is_set():
                 return
             self._alive = False
             self.last_error = f"the engine process stopped: {_exit(process)}" if process else "no engine process"
@@ -349,12 +359,14 @@ class EngineClient:
             self.stats = EngineStats()
 
     def _reap_loop(self) -> None:
-        while not self._closed:
+        while not self._stopping.is_set():
             time.sleep(REAP_EVERY_S)
             self.reap()
 
     def reap(self) -> int:
         """Drop sessions silent for `session_timeout_s`, cancelling their requests; returns how many."""
+        if not self._alive:  # while the engine restarts, no one can poll
+            return 0
         deadline = time.monotonic() - self.config.engine.session_timeout_s
         with self._lock:
             gone = [s for s in self._sessions.values() if s.last_seen < deadline]
@@ -365,18 +377,20 @@ class EngineClient:
         return len(gone)
 
 
-def _exit(process: BaseProcess) -> str:
-    code = process.exitcode
+def _exit(process: subprocess.Popen) -> str:
+    code = process.poll()
     if code is None:
         return "still running but not answering"
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def _shut_down(process: BaseProcess, commands: Connection) -> None:
+def _shut_down(process: subprocess.Popen, commands: Connection, stopping: threading.Event) -> None:
     """Ask the engine process to stop, then make sure it has."""
+    stopping.set()
     with contextlib.suppress(OSError):
         commands.send(Shutdown())
-    process.join(3)
-    if process.is_alive():
-        process.terminate()
-        process.join(3)
+    try:
+        process.wait(3)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(3)

@@ -28,8 +28,15 @@ SMALL_MODEL = 50_000_000  # parameters; below this the CPU runs torch on one thr
 IDLE_WAIT_S = 0.5  # how often an idle engine looks for batchers to close
 
 
+def main(argv: list[str]) -> None:
+    """`python -m batching.service COMMANDS_FD OUTPUTS_FD`: the two pipe ends the client passed; config comes first."""
+    commands = Connection(int(argv[0]), writable=False)
+    outputs = Connection(int(argv[1]), readable=False)
+    engine_main(commands.recv(), commands, outputs)
+
+
 def engine_main(config: EngineConfig, commands: Connection, outputs: Connection) -> None:
-    """The engine process's entry point (a module-level function, so the spawn start method can find it)."""
+    """Load the model, say so, then run the loop until told to stop or the client goes away."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s engine[%(process)d] %(levelname)s %(message)s")
     if config.initializer is not None:
         config.initializer()
