@@ -12,7 +12,7 @@ import queue
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from batching.arrivals import Schedule
 from batching.engine.batcher import BatcherOptions
@@ -21,8 +21,21 @@ from batching.engine.params import RequestParams
 from batching.runs import RunRecord
 from batching.service.messages import RunEnded
 
-if TYPE_CHECKING:
-    from batching.service.client import EngineClient
+
+class EngineClient(Protocol):
+    """What the handles ask of the client (`batching.service.client.EngineClient`)."""
+
+    def submit(self, session: Session, prompt: str | Sequence[int], params: RequestParams) -> Submitted: ...
+    def cancel(self, request_ids: Sequence[str]) -> None: ...
+    def cancel_all(self, session: Session) -> None: ...
+    def close_session(self, session: Session) -> None: ...
+    def run_private(
+        self,
+        private: PrivateBatcher,
+        items: Sequence[tuple[str | Sequence[int], RequestParams, str]],
+        schedule: Schedule,
+    ) -> PrivateRun: ...
+    def close_private(self, private: PrivateBatcher) -> None: ...
 
 
 class QueueFullError(ValueError):
