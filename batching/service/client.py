@@ -13,9 +13,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
-import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -39,6 +36,7 @@ from batching.service.handles import (
     Session,
     Submitted,
 )
+from batching.service.launch import EngineProcess
 from batching.service.messages import (
     Cancel,
     ClosePrivate,
@@ -61,6 +59,7 @@ from model.loader import ModelLoadError, load_tokenizer, resolve_source
 logger = logging.getLogger(__name__)
 
 REAP_EVERY_S = 0.25
+DEATH_CHECK_S = 0.5
 
 
 class EngineClient:
@@ -82,7 +81,7 @@ class EngineClient:
         self._stopping = threading.Event()  # set when this client stops its engine on purpose (close, exit)
         self._alive = False
         self._generation = 0
-        self.process: subprocess.Popen | None = None
+        self.process: EngineProcess | None = None
         self._commands: Connection | None = None
         source = resolve_source(config.model.name_or_path)  # a missing folder fails here, before any process starts
         self.info: EngineInfo = self._start()
@@ -92,40 +91,24 @@ class EngineClient:
 
     # --- the process ----------------------------------------------------------------------------------------
     def _start(self) -> EngineInfo:
-        """Start the engine process and wait until its model is loaded; raises ModelLoadError or RuntimeError.
-
-        A fresh interpreter (`python -m batching.service`), not multiprocessing's spawn: spawn re-runs the parent's
-        `__main__`, which under Streamlit is the page script itself. Two plain pipes carry pickled messages.
-        """
-        commands_out, commands_in = os.pipe()
-        outputs_out, outputs_in = os.pipe()
-        # The engine imports this project as the client does, from the same folders.
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path or os.getcwd() for path in sys.path)}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "batching.service", str(commands_out), str(outputs_in)],
-            pass_fds=(commands_out, outputs_in),
-            env=env,
-        )
-        os.close(commands_out)  # the child holds its own copies: EOF on `outputs` now means the child is gone
-        os.close(outputs_in)
-        commands, outputs = Connection(commands_in, readable=False), Connection(outputs_out, writable=False)
-        commands.send(self.config)
+        """Start the engine process and wait until its model is loaded; raises ModelLoadError or RuntimeError."""
+        process = EngineProcess(self.config)
         try:
-            first = outputs.recv()
+            first = process.outputs.recv()
         except EOFError:
             process.wait(5)
-            raise RuntimeError(f"the engine process exited while starting ({_exit(process)})") from None
+            raise RuntimeError(f"the engine process exited while starting ({process.describe_exit()})") from None
         if isinstance(first, LoadFailed):
             process.wait(5)
             raise (ModelLoadError if first.model_error else RuntimeError)(first.message)
         assert isinstance(first, Ready)
         with self._send_lock, self._lock:
-            self.process, self._commands, self._alive = process, commands, True
+            self.process, self._commands, self._alive = process, process.commands, True
             self._generation += 1
             self.stats = EngineStats()
-        weakref.finalize(self, _shut_down, process, commands, self._stopping)
+        weakref.finalize(self, _shut_down, process, self._stopping)
         threading.Thread(
-            target=self._receive, args=(outputs, self._generation), name="batchscope-receiver", daemon=True
+            target=self._receive, args=(process, self._generation), name="batchscope-receiver", daemon=True
         ).start()
         logger.info("engine process %d ready (%s)", process.pid, first.info.name)
         return first.info
@@ -154,8 +137,8 @@ class EngineClient:
     def close(self) -> None:
         """Stop the engine process (also done at interpreter exit)."""
         with self._send_lock:
-            if self.process is not None and self._commands is not None:
-                _shut_down(self.process, self._commands, self._stopping)
+            if self.process is not None:
+                _shut_down(self.process, self._stopping)
             self._alive = False
 
     def _send(self, command: Command) -> None:
@@ -293,10 +276,18 @@ class EngineClient:
                 self._send(ClosePrivate(private.batcher_id))
 
     # --- the receiver and the reaper -------------------------------------------------------------------------
-    def _receive(self, outputs: Connection, generation: int) -> None:
-        """Route the engine's messages until its pipe closes; then fail everything still waiting."""
+    def _receive(self, process: EngineProcess, generation: int) -> None:
+        """Route the engine's messages until its pipe closes or it exits; then fail everything still waiting.
+
+        (The exit check: another engine forked from this process may hold a copy of this pipe, hiding the EOF.)
+        """
+        outputs = process.outputs
         try:
             while True:
+                if not outputs.poll(DEATH_CHECK_S):
+                    if process.exit_code() is not None:
+                        break
+                    continue
                 message = outputs.recv()
                 if isinstance(message, Outputs):
                     self._route(message)
@@ -339,13 +330,12 @@ class EngineClient:
     def _on_death(self, generation: int) -> None:
         process = self.process
         if process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(2)
+            process.wait(2)
         with self._send_lock, self._lock:
             if generation != self._generation or self._stopping.is_set():
                 return
             self._alive = False
-            self.last_error = f"the engine process stopped: {_exit(process)}" if process else "no engine process"
+            self.last_error = f"the engine process stopped: {process.describe_exit()}" if process else "no engine"
             logger.error("%s", self.last_error)
             message = self._dead_message()
             owners, self._owner = self._owner, {}
@@ -377,20 +367,11 @@ class EngineClient:
         return len(gone)
 
 
-def _exit(process: subprocess.Popen) -> str:
-    code = process.poll()
-    if code is None:
-        return "still running but not answering"
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-
-
-def _shut_down(process: subprocess.Popen, commands: Connection, stopping: threading.Event) -> None:
+def _shut_down(process: EngineProcess, stopping: threading.Event) -> None:
     """Ask the engine process to stop, then make sure it has."""
     stopping.set()
     with contextlib.suppress(OSError):
-        commands.send(Shutdown())
-    try:
-        process.wait(3)
-    except subprocess.TimeoutExpired:
+        process.commands.send(Shutdown())
+    process.wait(3)
+    if process.exit_code() is None:
         process.kill()
-        process.wait(3)

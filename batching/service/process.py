@@ -45,13 +45,17 @@ def engine_main(config: EngineConfig, commands: Connection, outputs: Connection)
         return
     core = EngineCore(loaded.model, loaded.tokenizer, config.engine, outputs.send)
     try:
-        run_loop(core, commands)
+        run_loop(core, commands, parent=os.getppid())
     except (EOFError, OSError, BrokenPipeError):
         logger.info("the client went away; the engine stops")
 
 
-def run_loop(core: EngineCore, commands: Connection) -> None:
-    """Commands, then one step of every busy batcher, until `Shutdown`; an idle engine sleeps on the pipe."""
+def run_loop(core: EngineCore, commands: Connection, parent: int) -> None:
+    """Commands, then one step of every busy batcher, until `Shutdown`; an idle engine sleeps on the pipe.
+
+    Also stops when the client's process is gone (`parent` is no longer our parent): another engine forked from
+    it may hold a copy of our command pipe, so EOF alone cannot tell.
+    """
     next_check = time.monotonic() + IDLE_WAIT_S
     while True:
         if commands.poll(0 if core.has_work else IDLE_WAIT_S):
@@ -64,6 +68,8 @@ def run_loop(core: EngineCore, commands: Connection) -> None:
                     break
         core.step_round()
         if time.monotonic() >= next_check:
+            if os.getppid() != parent:
+                return
             core.close_idle()
             next_check = time.monotonic() + IDLE_WAIT_S
 
