@@ -17,8 +17,10 @@ from batching.arrivals import Schedule
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import RequestParams, SamplingParams
-from batching.engine.request import FinishReason
+from batching.engine.request import FinishReason, Request
 from batching.service import EngineClient, EngineConfig, EngineDeadError, QueueFullError
+from batching.service.launch import EngineProcess
+from batching.service.messages import Outputs, Ready, Shutdown, Submit
 from config.settings import EngineSettings, LimitSettings, ModelSettings, TokenizerSettings
 from tests.engine_helpers import FAILING_SEED, fail_sampling_with_seed_666, loaded, random_prompts, reference
 
@@ -361,3 +363,25 @@ def test_kill_9_of_the_engine_process_ends_waiting_requests_and_the_next_call_re
     assert [e.request_id for e in done] == [again.request_id]
     assert list(done[0].output_ids) == reference(qwen.model, [8, 9], 6, ignore_eos=True)
     private.close()
+
+
+def test_the_engine_also_starts_in_a_fresh_interpreter_and_speaks_the_same_protocol(tiny_model_dirs, qwen) -> None:
+    """The start used when the client's process has initialised CUDA (a fork could not use it)."""
+    settings = ModelSettings(name_or_path=str(tiny_model_dirs["qwen2"]), device="cpu", dtype="float32")
+    process = EngineProcess(EngineConfig(settings, TokenizerSettings(), EngineSettings()), fresh=True)
+    try:
+        ready = process.outputs.recv()
+        assert isinstance(ready, Ready) and ready.info.pid == process.pid != os.getpid()
+        process.commands.send(Submit(OPTIONS, Request("t/1", [8, 9], RequestParams(6, ignore_eos=True))))
+        events: list = []
+        while not any(isinstance(e, FinishedEvent) for e in events):
+            message = process.outputs.recv()
+            events += message.events if isinstance(message, Outputs) else ()
+        finished = next(e for e in events if isinstance(e, FinishedEvent))
+        assert list(finished.output_ids) == reference(qwen.model, [8, 9], 6, ignore_eos=True)
+        process.commands.send(Shutdown())
+        process.wait(10)
+        assert process.exit_code() == 0
+    finally:
+        if process.exit_code() is None:
+            process.kill()

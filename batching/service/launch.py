@@ -26,11 +26,12 @@ from batching.service.process import engine_main
 class EngineProcess:
     """The running engine process, and the two pipes to it (commands in, outputs out)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, fresh: bool | None = None) -> None:
+        """`fresh`: start a fresh interpreter rather than fork (None: only if this process initialised CUDA)."""
         commands_out, commands_in = os.pipe()
         outputs_out, outputs_in = os.pipe()
         self._process: BaseProcess | subprocess.Popen
-        if torch.cuda.is_initialized():
+        if torch.cuda.is_initialized() if fresh is None else fresh:
             self._process = _fresh_interpreter(commands_out, outputs_in)
         else:
             self._process = _forked(config, commands_out, outputs_in, parent_ends=(commands_in, outputs_out))
