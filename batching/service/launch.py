@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 from multiprocessing.connection import Connection
@@ -83,6 +84,10 @@ def _forked(
 def _forked_main(config: EngineConfig, commands_fd: int, outputs_fd: int, parent_ends: tuple[int, int]) -> None:
     for fd in parent_ends:  # else the child keeps its own command pipe open and never sees the client go away
         os.close(fd)
+    # The parent's handlers (Streamlit's) came along: Ctrl+C is the client's to handle (the engine stops when told
+    # or when the client is gone); SIGTERM ends the engine.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     engine_main(config, Connection(commands_fd, writable=False), Connection(outputs_fd, readable=False))
 
 
