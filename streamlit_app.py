@@ -1,30 +1,30 @@
 """Batchscope: watch continuous batching of LLM inference happen, and measure why it beats static batching.
 
-The page only draws. The engine (`batching/`) runs one continuous batcher per process in a background thread,
-shared by every browser tab; `utils/` turns its events into the queue view, frames, charts and files, and
+The page only draws. The engine (`batching/`) runs in a process of its own, shared by every browser tab through
+one client; `utils/` turns its events into the queue view, frames, charts and files, and
 `utils/streaming.py` holds the body of the streaming loop. `main()` reads top to bottom as the page does.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
 import streamlit as st
-import torch
 from streamlit.delta_generator import DeltaGenerator
 
 from batching.arrivals import Schedule
 from batching.bench.workloads import builtin_workload_names, load_workload
-from batching.engine.batcher import Batcher, BatcherOptions, request_builder
+from batching.engine.batcher import BatcherOptions
 from batching.engine.builder import RequestBuilder
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.params import RequestParams, SamplingParams
-from batching.service import EngineService, ServiceLimits, Session
+from batching.service import EngineClient, EngineConfig, Session, engine_options
 from config.settings import (
+    EngineSettings,
+    LimitSettings,
     ModelSettings,
     Settings,
     SettingsError,
@@ -32,7 +32,7 @@ from config.settings import (
     load_settings,
     setting_warnings,
 )
-from model.loader import LoadedModel, ModelLoadError, load_model
+from model.loader import ModelLoadError
 from model.prompting import format_prompt
 from utils import charts, export
 from utils.charts import Owns
@@ -44,7 +44,6 @@ from utils.plain_text import card_heading_html
 from utils.queue import REPLAY_ORDER, Check, LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
 from utils.streaming import Stream, join_new_items
 
-SMALL_MODEL = 50_000_000  # parameters; below this the CPU runs torch on one thread (see get_model)
 DEFAULT_EXAMPLE = "customer-support"
 INTRO = (
     "Queue some prompts, press Generate and watch one shared engine answer them together. Continuous batching "
@@ -71,43 +70,14 @@ Decode = Callable[[Sequence[int]], str]
 
 # --- resources shared by every tab of this process ---------------------------------------------------------
 @st.cache_resource(show_spinner=False)
-def get_model(model_json: str, tokenizer_json: str) -> LoadedModel:
-    """Load once per process, then run one tiny request so the first real one does not pay for warm-up."""
-    loaded = load_model(
-        ModelSettings.model_validate_json(model_json), TokenizerSettings.model_validate_json(tokenizer_json)
+def get_service(model_json: str, tokenizer_json: str, engine_json: str, limits_json: str) -> EngineClient:
+    """The engine process of this server (it loads the model once), shared by every tab through one client."""
+    config = EngineConfig(
+        ModelSettings.model_validate_json(model_json),
+        TokenizerSettings.model_validate_json(tokenizer_json),
+        EngineSettings.model_validate_json(engine_json),
     )
-    if loaded.device.type == "cpu" and loaded.num_parameters < SMALL_MODEL and "OMP_NUM_THREADS" not in os.environ:
-        # A small model's ops are too short to split: on shared cores, more threads mostly wait on each other.
-        torch.set_num_threads(1)
-    warm = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=1, max_batched_tokens=64))
-    warm.add("Hello", RequestParams(2))
-    for _ in warm.run():
-        pass
-    return loaded
-
-
-@st.cache_resource(show_spinner=False)
-def get_service(
-    model_json: str, tokenizer_json: str, options: tuple[tuple[str, object], ...], limits: tuple[int, int]
-) -> EngineService:
-    """One shared engine per (model, engine options): tabs choosing the same batch size and policy share a batch."""
-    loaded = get_model(model_json, tokenizer_json)
-    per_session, total = limits
-    return EngineService(
-        lambda: Batcher(loaded.model, loaded.tokenizer, BatcherOptions(**dict(options))),
-        ServiceLimits(max_queue_per_session=per_session, max_queue_total=total),
-    )
-
-
-def engine_options(settings: Settings, batch_size: int, policy: str) -> BatcherOptions:
-    """The batcher options for the page's choices; the shared engine and the replays both use them."""
-    return BatcherOptions(
-        max_batch_size=batch_size,
-        max_batched_tokens=max(settings.batching.max_batched_tokens, batch_size + 1),
-        policy=policy,
-        max_seq_len=settings.batching.max_seq_len,
-        max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
-    )
+    return EngineClient(config, LimitSettings.model_validate_json(limits_json))
 
 
 # --- what one script run works with --------------------------------------------------------------------------
@@ -138,11 +108,10 @@ class Page:
     """The settings, model, choices and shared engine of this script run: what sections and callbacks are given."""
 
     settings: Settings
-    loaded: LoadedModel
+    service: EngineClient
     builder: RequestBuilder
     choices: Choices
     options: BatcherOptions
-    service: EngineService
 
     def formatted(self, prompt: str) -> str:
         return format_prompt(prompt, self.choices.system_prompt, self.settings.prompt.template)
@@ -174,10 +143,16 @@ def settings_or_stop() -> Settings:
         st.stop()
 
 
-def model_or_stop(settings: Settings) -> LoadedModel:
+def model_or_stop(settings: Settings) -> EngineClient:
+    """The engine process with the model loaded (started by the first page load of this server)."""
     try:
         with st.spinner(f"Loading the model `{settings.model.name_or_path}` (once per server)…"):
-            return get_model(settings.model.model_dump_json(), settings.tokenizer.model_dump_json())
+            return get_service(
+                settings.model.model_dump_json(),
+                settings.tokenizer.model_dump_json(),
+                settings.engine.model_dump_json(),
+                settings.limits.model_dump_json(),
+            )
     except ModelLoadError as exc:
         st.error(f"The model could not be loaded: {exc}")
         st.info("Change that setting (environment variable or `.env`) and restart the app.")
@@ -251,19 +226,13 @@ def sidebar(settings: Settings) -> Choices:
     )
 
 
-def shared_engine(settings: Settings, options: BatcherOptions) -> EngineService:
-    """The engine every tab with these options shares, restarted (with a warning) if its thread had died."""
-    service = get_service(
-        settings.model.model_dump_json(),
-        settings.tokenizer.model_dump_json(),
-        tuple(asdict(options).items()),
-        (settings.limits.max_queue_per_session, settings.limits.max_queue_total),
-    )
+def shared_engine(service: EngineClient, settings: Settings) -> None:
+    """Restart the engine process (with a warning) if it had died; say how many batchers are live."""
     if service.ensure_running():
         st.warning(
             f"The shared engine had stopped ({service.last_error}); it was restarted (restart {service.restarts})."
         )
-    return service
+    st.sidebar.caption(f"Engines live on this server: {service.live_engines} (at most {settings.engine.max_engines})")
 
 
 # --- session state: the canonical queue, the run, this tab's engine sessions ----------------------------------
@@ -277,12 +246,12 @@ def init_state(settings: Settings, max_cap: int) -> None:
         state.engine_sessions = {}
 
 
-def engine_session(service: EngineService) -> Session:
-    """This tab's handle on the engine it is using now (one per engine, reopened if it was reaped)."""
+def engine_session(service: EngineClient, options: BatcherOptions) -> Session:
+    """This tab's handle on the shared batcher for `options` (one per batcher, reopened if it was reaped)."""
     sessions = st.session_state.engine_sessions
-    session = sessions.get(id(service))
+    session = sessions.get(options)
     if session is None or session.closed:
-        session = sessions[id(service)] = service.open_session()
+        session = sessions[options] = service.open_session(options)
     return session
 
 
@@ -331,14 +300,14 @@ def start_run(page: Page, queue: PromptQueue) -> None:
         state.queue_message = "the queue is empty: add a prompt or load an example first"
         return
     choices = page.choices
-    session = engine_session(page.service)
+    session = engine_session(page.service, page.options)
     started = LiveRun(time.perf_counter(), session.session_id + "/", choices.batch_size, choices.sampling)
     schedule = choices.schedule(len(queue))
     for item, offset in zip(queue.items, schedule.due, strict=True):
         started.plan(item.prompt, page.formatted(item.prompt), item.max_new_tokens, offset)
     state.run, state.run_session, state.run_items = started, session, {item.item_id for item in queue.items}
     state.run_setup = {
-        "model": page.loaded.name,
+        "model": page.service.info.name,
         "engine": asdict(page.options),
         "sampling": asdict(choices.sampling),
         "arrivals": schedule.description,
@@ -521,11 +490,13 @@ def replay_all(page: Page, run: LiveRun, engine: dict, slot: DeltaGenerator) -> 
         done = run.replayed * len(run.views)
         text = f"Measuring: replay {run.replayed + 1} of {len(REPLAY_ORDER)}, {mode} batching"
         bar = slot.progress(done / total, text=text)
-        batcher = Batcher(page.loaded.model, page.loaded.tokenizer, BatcherOptions(**engine), mode=mode)
-        for event in run.replay(batcher):
-            if isinstance(event, FinishedEvent):
-                done += 1
-                bar.progress(done / total, text=text)
+        with page.service.open_private(mode, BatcherOptions(**engine)) as batcher:  # stepped in the engine process
+            replay = batcher.run(*run.replay_queue())
+            for event in replay.events():
+                if isinstance(event, FinishedEvent):
+                    done += 1
+                    bar.progress(done / total, text=text)
+        run.keep_replay(replay.record)
     slot.empty()
 
 
@@ -644,20 +615,18 @@ def main() -> None:
     st.caption(INTRO)
 
     settings = settings_or_stop()
-    loaded = model_or_stop(settings)
-    builder = request_builder(
-        loaded.model,
-        loaded.tokenizer,
-        engine_options(settings, settings.batching.max_batch_size, settings.batching.policy),
-    )
+    service = model_or_stop(settings)
+    info = service.info
+    builder = service.builder(engine_options(settings, settings.batching.max_batch_size, settings.batching.policy))
     st.caption(
-        f"Model **{escape_markdown(loaded.name)}** · {loaded.num_parameters / 1e6:.1f} M parameters · "
-        f"{loaded.device} · {str(loaded.dtype).removeprefix('torch.')} · context {builder.context_length} tokens"
+        f"Model **{escape_markdown(info.name)}** · {info.num_parameters / 1e6:.1f} M parameters · "
+        f"{info.device} · {info.dtype} · context {builder.context_length} tokens"
     )
 
     choices = sidebar(settings)
     options = engine_options(settings, choices.batch_size, choices.policy)
-    page = Page(settings, loaded, builder, choices, options, shared_engine(settings, options))
+    shared_engine(service, settings)
+    page = Page(settings, service, builder, choices, options)
     init_state(settings, builder.max_new_tokens)
 
     running = queue_section(page)
@@ -672,7 +641,7 @@ def main() -> None:
     if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
         st.rerun()
     runs = comparison_charts(run, choices.compare, layout)
-    inspector_section(runs, run.labels(), lambda ids: str(loaded.tokenizer.decode(list(ids))))
+    inspector_section(runs, run.labels(), lambda ids: str(service.tokenizer.decode(list(ids))))
     numbers_section(runs, run.others_seen)
     export_section(runs, run, st.session_state.run_setup)
 

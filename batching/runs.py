@@ -7,6 +7,7 @@ definition: from the moment the arrival clock starts to the end of the step that
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -52,7 +53,14 @@ class ScheduledRun:
     Iterate `events()` to watch the run; afterwards `record` holds every event and the run's wall time.
     """
 
-    def __init__(self, batcher: Batcher, schedule: Schedule, build: Callable[[int, float], Request]) -> None:
+    def __init__(
+        self,
+        batcher: Batcher,
+        schedule: Schedule,
+        build: Callable[[int, float], Request],
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """`sleep` is how an idle run waits for its next arrival (a clock of its own may jump instead of waiting)."""
         self.batcher = batcher
         self.requests: dict[str, Request] = {}
 
@@ -60,17 +68,24 @@ class ScheduledRun:
             request = build(index, arrival)
             self.requests[request.request_id] = batcher.submit(request)
 
-        self.driver = ArrivalDriver(schedule, submit, clock=batcher.clock)
+        self.driver = ArrivalDriver(schedule, submit, clock=batcher.clock, sleep=sleep)
         self.record = RunRecord(batcher.mode, math.nan, slots=batcher.max_batch_size)
 
     def events(self) -> Iterator[Event]:
-        driver, batcher = self.driver, self.batcher
-        self.record.start = driver.start()
-        for event in drive(batcher, driver):
-            self.record.add(event)
-            yield event
-        # The run ends with the step that finished its last request (a run with no step ends now).
-        self.record.end = self.record.steps[-1].end if self.record.steps else batcher.clock()
+        while (events := self.advance()) is not None:
+            yield from events
+
+    def advance(self) -> list[Event] | None:
+        """Submit what is due and take one step; None once every request has finished (the record is complete)."""
+        if self.driver.started is None:
+            self.record.start = self.driver.start()
+        events = step_once(self.batcher, self.driver)
+        if events is None:
+            # The run ends with the step that finished its last request (a run with no step ends now).
+            self.record.end = self.record.steps[-1].end if self.record.steps else self.batcher.clock()
+            return None
+        self.record.extend(events)
+        return events
 
     def complete(self) -> RunRecord:
         """Run to the end without watching."""
@@ -83,11 +98,13 @@ def drive(batcher: Batcher, driver: ArrivalDriver) -> Iterator[Event]:
     """Step `batcher` until every scheduled request has been submitted and finished, submitting between steps."""
     if driver.started is None:
         driver.start()
-    while True:
-        driver.release(batcher.step_index)
-        if batcher.has_work:
-            yield from batcher.step()
-        elif not driver.done:
-            driver.wait_idle()
-        else:
-            return
+    while (events := step_once(batcher, driver)) is not None:
+        yield from events
+
+
+def step_once(batcher: Batcher, driver: ArrivalDriver) -> list[Event] | None:
+    """Submit what is due (waiting for the next arrival while idle) and take one step; None when all is done."""
+    driver.release(batcher.step_index)
+    while not batcher.has_work and not driver.done:
+        driver.wait_idle()
+    return batcher.step() if batcher.has_work else None

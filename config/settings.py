@@ -86,6 +86,14 @@ class LimitSettings(BaseModel):
     max_queue_total: int = Field(256, ge=1, le=100000)
 
 
+class EngineSettings(BaseModel):
+    """The engine process: how many shared engines may live at once, and when idle engines and gone tabs are dropped."""
+
+    max_engines: int = Field(4, ge=1, le=64, description="shared engines (one per batch size and policy) at once")
+    idle_engine_timeout_s: float = Field(60.0, gt=0, le=86400, description="an engine no one used this long is closed")
+    session_timeout_s: float = Field(5.0, gt=0, le=3600, description="a silent tab's requests are cancelled")
+
+
 class PromptSettings(BaseModel):
     """The Q/A template the embedded model was trained on."""
 
@@ -129,6 +137,7 @@ class Settings(BaseSettings):
     generation: GenerationSettings = GenerationSettings()
     batching: BatchingSettings = BatchingSettings()
     limits: LimitSettings = LimitSettings()
+    engine: EngineSettings = EngineSettings()
     prompt: PromptSettings = PromptSettings()
     server: ServerSettings = ServerSettings()
 

@@ -111,6 +111,22 @@ def test_page_shows_the_model_and_an_empty_queue(tiny_env: Path) -> None:
     assert not at.error
 
 
+def test_the_sidebar_counts_live_engines_and_new_batch_sizes_replace_idle_ones(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHSCOPE_ENGINE__MAX_ENGINES", "2")
+    at = open_app()
+    add(at, "Hi", 2)
+    at.checkbox(key="compare").uncheck().run()
+    for slots in (1, 2, 3):  # each batch size is an engine of its own
+        at.slider(key="batch_size").set_value(slots).run()
+        run = generate(at)
+        assert run.completed and run.slots == slots
+    at.run()
+    line = next(c.value for c in at.sidebar.caption if "Engines live" in c.value)
+    assert line == "Engines live on this server: 2 (at most 2)"
+
+
 def test_adding_a_prompt_queues_it_and_clears_the_input(tiny_env: Path) -> None:
     at = open_app()
     add(at, "How do I track my order?")
@@ -384,7 +400,8 @@ def test_other_users_requests_on_the_shared_engine_show_in_the_live_run(tiny_env
     generate(at)
     for prompt in ("a?", "b?", "c?"):
         add(at, prompt, 4)
-    other = at.session_state.run_session.service.open_session()  # another browser tab, with long answers in the engine
+    session = at.session_state.run_session  # another browser tab, with long answers in the same engine:
+    other = session.service.open_session(session.options)
     try:
         for _ in range(6):
             other.submit("Once upon a time", RequestParams(500, ignore_eos=True))

@@ -11,6 +11,7 @@ from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
+from batching.runs import RunRecord, ScheduledRun
 from utils.queue import CURSOR, LiveRun, PromptQueue, QueueError, escape_markdown, has_edits, request_sampling
 
 
@@ -275,6 +276,20 @@ def test_latency_frame_runs_to_now_for_requests_still_going() -> None:
     assert not frame["done"].any()
 
 
+def replay(run: LiveRun, batcher: Batcher) -> tuple[list, RunRecord]:
+    """What the page does through the engine process, here on a local batcher: run `replay_queue()`, keep it."""
+    items, schedule = run.replay_queue()
+
+    def build(index: int, arrival: float):
+        prompt, params, request_id = items[index]
+        return batcher.builder.build(prompt, params, request_id=request_id, arrival=arrival)
+
+    scheduled = ScheduledRun(batcher, schedule, build)
+    events = list(scheduled.events())
+    run.keep_replay(scheduled.record)
+    return events, scheduled.record
+
+
 def test_replay_runs_the_same_prompts_on_a_private_batcher(tiny_model_dirs) -> None:
     from config.settings import ModelSettings
     from model.loader import load_model
@@ -285,8 +300,8 @@ def test_replay_runs_the_same_prompts_on_a_private_batcher(tiny_model_dirs) -> N
         view = run.plan(f"question {number}", f"Q: question {number}\nA:", cap, offset_s=0.0 if number < 3 else 0.05)
         run.submitted(view, f"s1/{number}", 0.0)
     static = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=2), mode="static")
-    events = list(run.replay(static))
-    record = run.replays["static"]
+    events, record = replay(run, static)
+    assert run.replays["static"] is record and run.replayed == 1
     assert record is not None and record.mode == "static"
     assert sorted(e.request_id for e in record.finished) == ["s1/1", "s1/2", "s1/3"]
     assert len(events) == len(record.steps) + len(record.finished) + len(record.tokens)
@@ -311,7 +326,7 @@ def test_the_comparison_replays_in_abba_order_and_keeps_each_modes_faster_run(ti
         order.append(mode)
         if run.replayed == 2:  # pretend the first runs took no time (static) and forever (continuous)
             run.replays.update(static=instant, continuous=endless)
-        list(run.replay(Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=2), mode=mode)))
+        replay(run, Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=2), mode=mode))
     assert order == ["continuous", "static", "static", "continuous"] and run.replayed == 4
     assert run.replays["static"] is instant  # the faster record is kept
     assert run.replays["continuous"] is not endless and run.replays["continuous"].mode == "continuous"
@@ -336,7 +351,7 @@ def sampled_answers(loaded, seed: int, copies: int) -> list[tuple[int, ...]]:
     run = LiveRun(start=0.0, owner_prefix="s1/", slots=4, sampling=sampling)
     for number in range(1, copies + 1):
         run.submitted(run.plan("same?", "Q: same question\nA:", 6, 0.0), f"s1/{number}", 0.0)
-    list(run.replay(Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=4), mode="continuous")))
+    replay(run, Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=4), mode="continuous"))
     finished = {event.request_id: event.output_ids for event in run.replays["continuous"].finished}
     return [finished[f"s1/{number}"] for number in range(1, copies + 1)]
 

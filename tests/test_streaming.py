@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import BatcherOptions
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
-from batching.service import EngineService, ServiceLimits
+from batching.service import EngineClient, EngineConfig
+from config.settings import EngineSettings, LimitSettings, ModelSettings, TokenizerSettings
 from tests.engine_helpers import loaded
 from utils.queue import CURSOR, LiveRun, PromptQueue
 from utils.streaming import CHART_COST_FACTOR, Redraw, Stream, join_new_items
@@ -24,14 +25,24 @@ def llama(tiny_model_dirs):
     return loaded(str(tiny_model_dirs["llama"]))
 
 
-@pytest.fixture
-def session(llama):
-    service = EngineService(
-        lambda: Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2, max_batched_tokens=64)),
-        ServiceLimits(max_queue_per_session=8, max_queue_total=8),
+@pytest.fixture(scope="module")
+def client(tiny_model_dirs):
+    """The real engine process on the tiny llama, as the page uses it."""
+    config = EngineConfig(
+        ModelSettings(name_or_path=str(tiny_model_dirs["llama"]), device="cpu", dtype="float32"),
+        TokenizerSettings(),
+        EngineSettings(),
     )
-    yield service.open_session()
-    service.stop()
+    made = EngineClient(config, LimitSettings(max_queue_per_session=8, max_queue_total=8))
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def session(client):
+    opened = client.open_session(BatcherOptions(max_batch_size=2, max_batched_tokens=64))
+    yield opened
+    opened.close()
 
 
 class SteppedClock:

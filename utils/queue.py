@@ -9,17 +9,16 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import Batcher
 from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import RequestParams, SamplingParams
-from batching.engine.request import FinishReason, Request
-from batching.runs import RunRecord, ScheduledRun
+from batching.engine.request import FinishReason
+from batching.runs import RunRecord
 from model.prompting import extract_answer
 
 # Raises ValueError with a clear message when a prompt (with its cap) cannot run on the model.
@@ -358,25 +357,22 @@ class LiveRun:
             )
         )
 
-    def replay(self, batcher: Batcher) -> Iterator[Event]:
-        """Run the same prompts, arriving at the same planned moments, on a private batcher.
+    def replay_queue(self) -> tuple[list[tuple[str, RequestParams, str]], Schedule]:
+        """The same prompts, caps, sampling and planned arrival moments, to replay on a private batcher.
 
         The comparison replays the queue on private continuous and static batchers in `REPLAY_ORDER`, so both are
         measured the same way (the live run shared its CPU with the page drawing it, and maybe with other users).
-        Yields the events; at the end the record goes to `replays[batcher.mode]` if it is that mode's fastest.
+        Returns (prompt, params, request id) items and their arrival schedule.
         """
         views = [view for view in self.views if view.request_id is not None]
+        items = [(view.formatted, self.params(view), view.request_id) for view in views]
+        return items, Schedule.timed([view.offset_s for view in views])
 
-        def build(index: int, arrival: float) -> Request:
-            view = views[index]
-            return batcher.builder.build(view.formatted, self.params(view), request_id=view.request_id, arrival=arrival)
-
-        scheduled = ScheduledRun(batcher, Schedule.timed([view.offset_s for view in views]), build)
-        yield from scheduled.events()
-        record = scheduled.record
-        best = self.replays.get(batcher.mode)
+    def keep_replay(self, record: RunRecord) -> None:
+        """A replay is over: its record goes to `replays[record.mode]` if it is that mode's fastest."""
+        best = self.replays.get(record.mode)
         if best is None or record.wall_s < best.wall_s:
-            self.replays[batcher.mode] = record
+            self.replays[record.mode] = record
         self.replayed += 1
 
     @property

@@ -12,7 +12,6 @@ from typing import Protocol
 
 from batching.engine.events import Event
 from batching.engine.params import RequestParams
-from batching.engine.request import Request
 from utils.queue import LiveRun, QueueItem, RequestView
 
 # While streaming, answers are redrawn at most this often, and charts at most this often (and then only after
@@ -22,10 +21,20 @@ CHART_REDRAW_S = 0.5
 CHART_COST_FACTOR = 4
 
 
+class Submission(Protocol):
+    """What the engine says of a request it took (`batching.service.Submitted`)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def arrival(self) -> float: ...
+
+
 class EngineSession(Protocol):
     """What the loop needs of a tab's handle on the shared engine (`batching.service.Session`)."""
 
-    def submit(self, prompt: str, params: RequestParams) -> Request: ...
+    def submit(self, prompt: str, params: RequestParams) -> Submission: ...
 
     def poll(self, timeout: float = 0.0) -> list[Event]: ...
 
@@ -91,7 +100,7 @@ class Stream:
             except (ValueError, RuntimeError) as exc:
                 self.run.refuse(view, str(exc))
             else:
-                self.run.submitted(view, request.request_id, request.times.arrival)
+                self.run.submitted(view, request.request_id, request.arrival)
 
     def tick(self) -> Redraw:
         """Submit what is due, wait up to one text interval for events and fold them in; say what to redraw."""

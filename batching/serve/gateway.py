@@ -10,11 +10,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from batching.engine.batcher import BatcherOptions
 from batching.engine.events import Event, FinishedEvent, StepEvent
 from batching.engine.params import RequestParams
-from batching.engine.request import Request
-from batching.serve.metrics import ApiMetrics, EngineLoad
-from batching.service import EngineService, Session
+from batching.serve.metrics import ApiMetrics
+from batching.service import BatcherLoad, EngineClient, Session, Submitted
 
 logger = logging.getLogger(__name__)
 
@@ -23,18 +23,19 @@ logger = logging.getLogger(__name__)
 class Stream:
     """One HTTP request's view of its engine request: its events arrive on `events`."""
 
-    request: Request
+    request: Submitted
     events: asyncio.Queue[Event]
 
 
 class Gateway:
     """Submits on behalf of HTTP handlers (on the event loop) and feeds their queues from the engine's events."""
 
-    def __init__(self, service: EngineService, max_queue: int) -> None:
+    def __init__(self, service: EngineClient, options: BatcherOptions, max_queue: int) -> None:
         self.service = service
+        self.options = options
         self.max_queue = max_queue
         self.metrics = ApiMetrics(self.load)
-        self._session: Session = service.open_session(max_queue)
+        self._session: Session = service.open_session(options, max_queue)
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Stream]] = {}
         self._last_token: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -42,20 +43,12 @@ class Gateway:
         self._thread = threading.Thread(target=self._route, name="batchscope-api-router", daemon=True)
         self._thread.start()
 
-    def load(self) -> EngineLoad:
-        """What the engine holds now (read from the engine thread's objects; counts are atomic enough here)."""
-        batcher = self.service.batcher
-        cache = batcher.runner.cache
-        return EngineLoad(
-            running=sum(1 for request in list(batcher.running.values()) if not request.is_finished),
-            waiting=len(batcher.scheduler.waiting),
-            slots=batcher.max_batch_size,
-            kv_tokens=sum(cache.lengths[: cache.active_rows]),
-            kv_capacity=cache.capacity * cache.max_len,
-        )
+    def load(self) -> BatcherLoad:
+        """What the API's batcher holds now (everyone's requests on it, browser tabs included)."""
+        return self.service.load(self.options)
 
     def submit(self, prompt: str | Sequence[int], params: RequestParams) -> Stream:
-        """Queue a request; raises ValueError (bad input), QueueFullError (limits) or RuntimeError (engine down)."""
+        """Queue a request; raises ValueError (bad input), QueueFullError (limits) or EngineDeadError."""
         session = self._session_now()
         loop = asyncio.get_running_loop()
         with self._lock:  # hold it so the router cannot see the first event before the stream is registered
@@ -80,7 +73,7 @@ class Gateway:
     def _session_now(self) -> Session:
         """The engine session, reopened if the engine was restarted or the session reaped."""
         if self.service.ensure_running() or self._session.closed:
-            self._session = self.service.open_session(self.max_queue)
+            self._session = self.service.open_session(self.options, self.max_queue)
         return self._session
 
     def _route(self) -> None:

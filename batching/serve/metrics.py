@@ -7,7 +7,6 @@ using it, browser tabs included; latency histograms and counters cover the reque
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -15,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.request import FinishReason
+from batching.service import BatcherLoad
 
 PREFIX = "batchscope:"
 # OpenAI's and vLLM's finish reasons: a stop string and EOS are both "stop"; a cancelled request is "abort".
@@ -29,19 +29,8 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1
 _TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
-@dataclass(frozen=True)
-class EngineLoad:
-    """What the engine holds right now, for the gauges."""
-
-    running: int
-    waiting: int
-    slots: int
-    kv_tokens: int
-    kv_capacity: int
-
-
 class _LoadCollector(Collector):
-    def __init__(self, read: Callable[[], EngineLoad]) -> None:
+    def __init__(self, read: Callable[[], BatcherLoad]) -> None:
         self.read = read
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -57,7 +46,7 @@ class _LoadCollector(Collector):
 class ApiMetrics:
     """One registry per server: the engine's gauges plus what this API observed of its own requests."""
 
-    def __init__(self, read_load: Callable[[], EngineLoad]) -> None:
+    def __init__(self, read_load: Callable[[], BatcherLoad]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_LoadCollector(read_load))
 

@@ -14,16 +14,15 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 import uvicorn
-from transformers import PreTrainedTokenizerBase
 
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent
 from batching.engine.params import RequestParams, SamplingParams
 from batching.serve.app import ApiConfig, create_app
 from batching.serve.gateway import Gateway
-from batching.service import EngineService, ServiceLimits
-from config.settings import Settings, SettingsError, load_settings
-from model.loader import ModelLoadError, load_model
+from batching.service import EngineClient, EngineConfig, engine_options
+from config.settings import Settings, SettingsError, load_settings, setting_warnings
+from model.loader import ModelLoadError
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8000
@@ -50,16 +49,6 @@ def api_config(settings: Settings, model_name: str) -> ApiConfig:
     )
 
 
-def engine_options(settings: Settings) -> BatcherOptions:
-    return BatcherOptions(
-        max_batch_size=settings.batching.max_batch_size,
-        max_batched_tokens=settings.batching.max_batched_tokens,
-        policy=settings.batching.policy,
-        max_seq_len=settings.batching.max_seq_len,
-        max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
-    )
-
-
 @dataclass
 class BackgroundServer:
     """A uvicorn server running in a daemon thread of this process."""
@@ -74,12 +63,10 @@ class BackgroundServer:
         self.gateway.close()
 
 
-def start_background(
-    service: EngineService, tokenizer: PreTrainedTokenizerBase, settings: Settings, model_name: str, port: int
-) -> BackgroundServer:
-    """Serve the API from this process on `port`, sharing `service` with whoever else uses it."""
-    gateway = Gateway(service, settings.limits.max_queue_total)
-    app = create_app(gateway, tokenizer, api_config(settings, model_name))
+def start_background(service: EngineClient, settings: Settings, port: int) -> BackgroundServer:
+    """Serve the API from this process on `port`, sharing `service`'s engine with whoever else uses it."""
+    gateway = Gateway(service, engine_options(settings), settings.limits.max_queue_total)
+    app = create_app(gateway, service.tokenizer, api_config(settings, service.info.name))
     config = uvicorn.Config(app, host=settings.server.host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="batchscope-api", daemon=True)
@@ -87,9 +74,9 @@ def start_background(
     return BackgroundServer(server, thread, gateway)
 
 
-def warm_up(service: EngineService, timeout_s: float = 60.0) -> None:
+def warm_up(service: EngineClient, options: BatcherOptions, timeout_s: float = 60.0) -> None:
     """One tiny request before serving, so the first client does not pay for the first forward pass."""
-    session = service.open_session()
+    session = service.open_session(options)
     request = session.submit([0, 1, 2], RequestParams(2, ignore_eos=True))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -120,23 +107,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             update={k: v for k, v in {"host": args.host, "api_key": args.api_key}.items() if v is not None}
         )
         settings = settings.model_copy(update={"model": model_settings, "server": server})
-        loaded = load_model(settings.model, settings.tokenizer)
+        for warning in setting_warnings():
+            logger.warning("%s", warning)
         options = engine_options(settings)
-        service = EngineService(
-            lambda: Batcher(loaded.model, loaded.tokenizer, options),
-            ServiceLimits(settings.limits.max_queue_per_session, settings.limits.max_queue_total),
-        )
+        service = EngineClient(EngineConfig(settings.model, settings.tokenizer, settings.engine), settings.limits)
     except (ServeError, SettingsError, ModelLoadError, ValueError) as exc:
         print(f"serve: error: {exc}", file=sys.stderr)
         return 2
-    warm_up(service)
-    gateway = Gateway(service, settings.limits.max_queue_total)
-    app = create_app(gateway, loaded.tokenizer, api_config(settings, loaded.name))
+    warm_up(service, options)
+    gateway = Gateway(service, options, settings.limits.max_queue_total)
+    app = create_app(gateway, service.tokenizer, api_config(settings, service.info.name))
     port = args.port or settings.server.port or DEFAULT_PORT
-    logger.info("serving %s on http://%s:%d/v1", loaded.name, settings.server.host, port)
+    logger.info("serving %s on http://%s:%d/v1", service.info.name, settings.server.host, port)
     try:
         uvicorn.run(app, host=settings.server.host, port=port, log_level=args.log_level, access_log=False)
     finally:
         gateway.close()
-        service.stop()
+        service.close()
     return 0

@@ -1,0 +1,34 @@
+"""The engine process and its clients: one process per server steps every batcher; pages (and the API) talk to it.
+
+- `client`: `EngineClient` starts the process and hands out `Session`s (the shared batchers) and
+  `PrivateBatcher`s (a client's own, e.g. the page's comparison replays).
+- `process`: the process's entry point and its loop; `core`: the batchers it owns, stepped round-robin.
+- `messages`: what crosses the pipe; `handles`: sessions, private runs and the errors a client sees.
+"""
+
+from batching.service.client import EngineClient, engine_options
+from batching.service.handles import (
+    BatcherLoad,
+    EngineDeadError,
+    PrivateBatcher,
+    PrivateRun,
+    QueueFullError,
+    Session,
+    Submitted,
+)
+from batching.service.messages import EngineConfig, EngineInfo, EngineStats
+
+__all__ = [
+    "BatcherLoad",
+    "EngineClient",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineInfo",
+    "EngineStats",
+    "PrivateBatcher",
+    "PrivateRun",
+    "QueueFullError",
+    "Session",
+    "Submitted",
+    "engine_options",
+]

@@ -1,0 +1,105 @@
+"""The engine process: loads the model, then one busy loop reads commands between rounds of steps.
+
+Like vLLM's engine core (vllm/v1/engine/core.py), the loop lives in a process of its own, so nothing a client does
+(drawing a page, tokenising, serving HTTP) competes with a step for the interpreter lock. It reads commands only
+between rounds, waits on the pipe when every batcher is idle, and exits when the client's end of the pipe closes
+(the client exited or was killed) or on `Shutdown`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from multiprocessing.connection import Connection
+
+import torch
+
+from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.model_support import model_context_length
+from batching.engine.params import RequestParams
+from batching.service.core import EngineCore
+from batching.service.messages import EngineConfig, EngineInfo, LoadFailed, Ready, Shutdown
+from model.loader import LoadedModel, ModelLoadError, load_model
+
+logger = logging.getLogger(__name__)
+
+SMALL_MODEL = 50_000_000  # parameters; below this the CPU runs torch on one thread
+IDLE_WAIT_S = 0.5  # how often an idle engine looks for batchers to close
+
+
+def main(argv: list[str]) -> None:
+    """`python -m batching.service COMMANDS_FD OUTPUTS_FD`: the two pipe ends the client passed; config comes first."""
+    commands = Connection(int(argv[0]), writable=False)
+    outputs = Connection(int(argv[1]), readable=False)
+    engine_main(commands.recv(), commands, outputs)
+
+
+def engine_main(config: EngineConfig, commands: Connection, outputs: Connection) -> None:
+    """Load the model, say so, then run the loop until told to stop or the client goes away."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s engine[%(process)d] %(levelname)s %(message)s")
+    if config.initializer is not None:
+        config.initializer()
+    loaded = _load(config, outputs)
+    if loaded is None:
+        return
+    core = EngineCore(loaded.model, loaded.tokenizer, config.engine, outputs.send)
+    try:
+        run_loop(core, commands, parent=os.getppid())
+    except (EOFError, OSError, BrokenPipeError):
+        logger.info("the client went away; the engine stops")
+
+
+def run_loop(core: EngineCore, commands: Connection, parent: int) -> None:
+    """Commands, then one step of every busy batcher, until `Shutdown`; an idle engine sleeps on the pipe.
+
+    Also stops when the client's process is gone (`parent` is no longer our parent): another engine forked from
+    it may hold a copy of our command pipe, so EOF alone cannot tell.
+    """
+    next_check = time.monotonic() + IDLE_WAIT_S
+    while True:
+        if commands.poll(0 if core.has_work else IDLE_WAIT_S):
+            while True:
+                command = commands.recv()
+                if isinstance(command, Shutdown):
+                    return
+                core.handle(command)
+                if not commands.poll(0):
+                    break
+        core.step_round()
+        if time.monotonic() >= next_check:
+            if os.getppid() != parent:
+                return
+            core.close_idle()
+            next_check = time.monotonic() + IDLE_WAIT_S
+
+
+def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
+    """Load and warm up the model, then say `Ready`; on failure send one line (`LoadFailed`) instead."""
+    try:
+        loaded = load_model(config.model, config.tokenizer)
+        if loaded.device.type == "cpu" and loaded.num_parameters < SMALL_MODEL and "OMP_NUM_THREADS" not in os.environ:
+            # A small model's ops are too short to split: on shared cores, more threads mostly wait on each other.
+            torch.set_num_threads(1)
+        # One tiny request, so the first real one does not pay for warm-up.
+        warm = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=1, max_batched_tokens=64))
+        warm.add("Hello", RequestParams(2))
+        for _ in warm.run():
+            pass
+    except ModelLoadError as exc:
+        outputs.send(LoadFailed(str(exc), model_error=True))
+        return None
+    except Exception as exc:  # a broken model folder can fail in many ways; the client gets one line
+        outputs.send(LoadFailed(f"{type(exc).__name__}: {str(exc)[:200]}", model_error=False))
+        return None
+    info = EngineInfo(
+        name=loaded.name,
+        num_parameters=loaded.num_parameters,
+        device=str(loaded.device),
+        dtype=str(loaded.dtype),
+        context_length=model_context_length(loaded.model),
+        load_seconds=loaded.load_seconds,
+        pid=os.getpid(),
+    )
+    outputs.send(Ready(info))
+    return loaded
