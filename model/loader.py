@@ -229,6 +229,21 @@ def load_tokenizer(
     return tokenizer
 
 
+def _failure_key(settings: ModelSettings) -> tuple[str, bool, str]:
+    return (settings.model_dump_json(), hub_offline(), hub_endpoint())
+
+
+def remembered_hub_failure(settings: ModelSettings) -> ModelLoadError | None:
+    """The failure a hub id already had in this process with these settings (None: try it)."""
+    return _hub_failures.get(_failure_key(settings))
+
+
+def remember_hub_failure(settings: ModelSettings, error: ModelLoadError) -> None:
+    """Remember that a hub id failed to load (in another process, e.g. the engine's), until settings change."""
+    if not Path(resolve_source(settings.name_or_path)).is_dir():
+        _hub_failures[_failure_key(settings)] = error
+
+
 def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | None = None) -> LoadedModel:
     """Load model and tokenizer for inference: eval mode, no gradients, placed with accelerate's device_map.
 
@@ -243,8 +258,8 @@ def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | 
     if local:
         check_local_folder(Path(source), settings.name_or_path)
     else:
-        offline, endpoint = hub_offline(), hub_endpoint()
-        key = (settings.model_dump_json(), offline, endpoint)
+        key = _failure_key(settings)
+        offline, endpoint = key[1], key[2]
         if key in _hub_failures:
             raise _hub_failures[key]
         offline_reason = "HF_HUB_OFFLINE is set" if offline else hub_unreachable(endpoint)

@@ -55,7 +55,7 @@ from batching.service.messages import (
     Submit,
 )
 from config.settings import LimitSettings, Settings
-from model.loader import ModelLoadError, load_tokenizer, resolve_source
+from model.loader import ModelLoadError, load_tokenizer, remember_hub_failure, remembered_hub_failure, resolve_source
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,14 @@ class EngineClient:
         self.process: EngineProcess | None = None
         self._commands: Connection | None = None
         source = resolve_source(config.model.name_or_path)  # a missing folder fails here, before any process starts
-        self.info: EngineInfo = self._start()
+        remembered = remembered_hub_failure(config.model)  # an unreachable hub is not tried again by every tab
+        if remembered is not None:
+            raise remembered
+        try:
+            self.info: EngineInfo = self._start()
+        except ModelLoadError as error:
+            remember_hub_failure(config.model, error)
+            raise
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(source, config.model, config.tokenizer)
         self._builders = cache(self._builder)
         threading.Thread(target=self._reap_loop, name="batchscope-reaper", daemon=True).start()
