@@ -137,3 +137,23 @@ def test_each_real_server_starts_answers_to_full_length_with_its_ignore_eos_fiel
         assert _completion_tokens(url, spec, ignore_eos=True) == 64
     with pytest.raises(OSError):
         serve_peer._post_json(f"{url}/v1/completions", {"model": MODEL, "prompt": "Q: hi\nA:"}, 5)
+
+
+def test_repeated_rounds_give_per_load_medians_with_counts_summed_ordered_by_load_then_server() -> None:
+    theirs = parse_report(_report("transformers-1-poisson"), "transformers")
+    ours = [replace(row, server="batchscope") for row in theirs]
+    rounds = [
+        [replace(row, round=index, ttft_p50_ms=row.ttft_p50_ms * factor, load_avg=float(index)) for row in rows]
+        for index, factor in enumerate((1.0, 0.5, 3.0))
+        for rows in (ours, theirs)
+    ]
+    medians = serve_peer.median_rows([row for rows in rounds for row in rows])
+    assert [(row.server, row.rate) for row in medians] == [
+        ("batchscope", 4.0),
+        ("transformers", 4.0),
+        ("batchscope", 8.0),
+        ("transformers", 8.0),
+    ]
+    assert [row.ttft_p50_ms for row in medians] == [theirs[0].ttft_p50_ms] * 2 + [theirs[1].ttft_p50_ms] * 2
+    assert all(row.requests == 18 and row.output_tokens == 3 * 192 and row.load_avg == 1.0 for row in medians)
+    assert all(row.round == -1 for row in medians) and "median" in format_table(medians).splitlines()[2]

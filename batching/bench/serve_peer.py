@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -88,7 +89,8 @@ class Row:
     itl_p99_ms: float
     output_tokens_per_s: float
     output_tokens: int
-    round: int = 0
+    round: int = 0  # -1: the median of every round
+    load_avg: float = 0.0  # the machine's 1-minute load average when this server started (others' work shows here)
 
 
 def _positive_floats(text: str) -> tuple[float, ...]:
@@ -249,7 +251,7 @@ def _percentile(metric: dict[str, Any], name: str) -> float:
     return float(metric["successful"]["percentiles"][name])
 
 
-def parse_report(report: dict[str, Any], server: str, round_index: int = 0) -> list[Row]:
+def parse_report(report: dict[str, Any], server: str, round_index: int = 0, load_avg: float = 0.0) -> list[Row]:
     """Rows from one guidellm JSON report, or a ServePeerError if it is not the layout this reads."""
     version = report.get("metadata", {}).get("version")
     if version != REPORT_VERSION:
@@ -275,9 +277,43 @@ def parse_report(report: dict[str, Any], server: str, round_index: int = 0) -> l
                 output_tokens_per_s=float(metrics["output_tokens_per_second"]["successful"]["mean"]),
                 output_tokens=int(metrics["output_token_count"]["successful"]["total_sum"]),
                 round=round_index,
+                load_avg=load_avg,
             )
         )
     return rows
+
+
+MEDIAN_FIELDS = (
+    "requests_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "output_tokens_per_s",
+    "load_avg",
+)
+
+
+def median_rows(rows: Sequence[Row]) -> list[Row]:
+    """Per server and load, the median of each figure over the rounds (counts summed), ordered by load then server."""
+    groups: dict[tuple[str, str, float | None], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.server, row.profile, row.rate), []).append(row)
+    loads = list(dict.fromkeys((row.profile, row.rate) for row in rows))
+    servers = list(dict.fromkeys(row.server for row in rows))
+    medians = [
+        replace(
+            group[0],
+            round=-1,
+            requests=sum(row.requests for row in group),
+            errors=sum(row.errors for row in group),
+            incomplete=sum(row.incomplete for row in group),
+            output_tokens=sum(row.output_tokens for row in group),
+            **{name: statistics.median(getattr(row, name) for row in group) for name in MEDIAN_FIELDS},
+        )
+        for group in groups.values()
+    ]
+    return sorted(medians, key=lambda row: (loads.index((row.profile, row.rate)), servers.index(row.server)))
 
 
 def _load_label(row: Row) -> str:
@@ -289,6 +325,7 @@ def format_table(rows: Sequence[Row]) -> str:
     header = (
         "server",
         "round",
+        "load avg",
         "load",
         "requests",
         "errors",
@@ -300,7 +337,8 @@ def format_table(rows: Sequence[Row]) -> str:
     lines = [
         (
             row.server,
-            str(row.round + 1),
+            "median" if row.round < 0 else str(row.round + 1),
+            f"{row.load_avg:.1f}",
             _load_label(row),
             str(row.requests),
             str(row.errors + row.incomplete),
@@ -460,17 +498,20 @@ def run(args: argparse.Namespace) -> int:
             for name in servers:
                 spec = specs[name]
                 print(f"round {round_index + 1}: {name} ...", file=sys.stderr, flush=True)
+                load_avg = os.getloadavg()[0]
                 with running_server(spec, args.model, workdir) as url:
                     for profile in profiles(load):
                         run_name = f"{name}-{round_index + 1}-{profile['kind']}"
                         body = scenario(url, args.model, model_dir, spec, load, profile)
                         report = run_guidellm(binary, body, workdir, run_name)
-                        rows += parse_report(report, name, round_index)
+                        rows += parse_report(report, name, round_index, load_avg)
                         if args.keep_reports:
                             args.keep_reports.mkdir(parents=True, exist_ok=True)
                             shutil.copy(workdir / f"{run_name}.report.json", args.keep_reports)
     header = [*settings_lines(load, args.slots, args.max_batched_tokens, version), machine_line()]
     print("\n".join(header) + "\n\n" + format_table(rows))
+    if args.repeat > 1:
+        print(f"\nmedian of {args.repeat} rounds (requests and errors summed):\n\n" + format_table(median_rows(rows)))
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -484,6 +525,7 @@ def run(args: argparse.Namespace) -> int:
                     },
                     "settings": header,
                     "rows": [asdict(row) for row in rows],
+                    "medians": [asdict(row) for row in median_rows(rows)],
                 },
                 indent=1,
             )
