@@ -155,7 +155,6 @@ def transformers_blocks(slots: int, load: Load) -> int:
 def server_specs(model: str, slots: int, max_batched_tokens: int, load: Load, hf_cache: Path) -> dict[str, ServerSpec]:
     """Both servers on the same model folder, slots and token budget, CPU, one torch thread, nothing from a hub."""
     common = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hf_cache)}
-    transformers_cli = shutil.which("transformers", path=str(Path(sys.executable).parent)) or "transformers"
     ours = ServerSpec(
         name="batchscope",
         command=(
@@ -179,7 +178,10 @@ def server_specs(model: str, slots: int, max_batched_tokens: int, load: Load, hf
     theirs = ServerSpec(
         name="transformers",
         command=(
-            transformers_cli,
+            # the `transformers` command, run by this interpreter so both servers use the same packages
+            sys.executable,
+            "-m",
+            "transformers.cli.transformers",
             "serve",
             "--continuous-batching",
             "--device",
