@@ -1,0 +1,547 @@
+"""Our OpenAI-compatible server next to `transformers serve --continuous-batching`, driven by the same load generator.
+
+    python -m batching.bench.serve_peer --rates 2,4,8 --requests 30 --json serve-peer.json
+
+Each server runs as a subprocess on a free port with the same model folder, the same number of slots and per-step
+token budget, on CPU with one torch thread. guidellm (the vLLM project's load generator, `requirements-bench.txt`)
+sends the same seeded synthetic prompts, built from the model's own tokenizer, at Poisson request rates and then all
+at once (its `throughput` profile); every answer is forced to the same length. Servers alternate (ours, theirs, ours,
+...) because this machine's speed drifts. Prints TTFT / ITL / throughput per server and rate; bad input is one line
+on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any, NoReturn
+
+SERVERS = ("batchscope", "transformers")
+PAGE_SIZE = 256  # transformers' continuous-batching page (KV block) size, in tokens
+REPORT_VERSION = 2  # the layout of guidellm's JSON report this parser reads (guidellm 0.8)
+STARTUP_TIMEOUT_S = 180.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ServePeerError(Exception):
+    """Bad input or a server that would not start: one line on stderr, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse would print the usage too: keep it to one line
+        raise ServePeerError(message)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the load generator sends: the same for every server."""
+
+    rates: tuple[float, ...]
+    requests: int
+    prompt_tokens: int
+    prompt_tokens_min: int
+    prompt_tokens_max: int
+    output_tokens: int
+    throughput: bool
+    seed: int = 42
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How to start one server, and the request field that makes it ignore EOS (answers of equal length)."""
+
+    name: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    ignore_eos_body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One benchmark of guidellm's report: a server at one rate (or all at once)."""
+
+    server: str
+    profile: str
+    rate: float | None
+    requests: int
+    errors: int
+    incomplete: int
+    requests_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    output_tokens_per_s: float
+    output_tokens: int
+    round: int = 0  # -1: the median of every round
+    load_avg: float = 0.0  # the machine's 1-minute load average when this server started (others' work shows here)
+
+
+def _positive_floats(text: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+    if not rates or any(not math.isfinite(rate) or rate <= 0 for rate in rates):
+        raise argparse.ArgumentTypeError(f"{text!r}: every rate must be a number above 0")
+    return rates
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m batching.bench.serve_peer", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="model/builtin", help="the model folder both servers load")
+    parser.add_argument("--servers", default=",".join(SERVERS), help="comma-separated, from: " + ", ".join(SERVERS))
+    parser.add_argument("--rates", type=_positive_floats, default=(2.0, 4.0, 8.0), help="Poisson requests/s")
+    parser.add_argument("--no-throughput", action="store_true", help="skip the all-at-once (max throughput) run")
+    parser.add_argument("--requests", type=int, default=30, help="requests per rate (default: %(default)s)")
+    parser.add_argument("--prompt-tokens", type=int, default=48, help="mean synthetic prompt length (default: 48)")
+    parser.add_argument("--output-tokens", type=int, default=32, help="tokens every answer gets (default: 32)")
+    parser.add_argument("--slots", type=int, default=8, help="requests decoded together (default: %(default)s)")
+    parser.add_argument("--max-batched-tokens", type=int, default=512, help="per-step token budget (default: 512)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds, servers alternating (default: 1)")
+    parser.add_argument("--guidellm", help="the guidellm executable (default: the one on PATH)")
+    parser.add_argument("--json", type=Path, help="write settings and every row here")
+    parser.add_argument("--keep-reports", type=Path, help="copy guidellm's own JSON reports into this folder")
+    return parser
+
+
+def build_load(args: argparse.Namespace) -> Load:
+    """The load from the arguments, or a ServePeerError naming the bad value."""
+    for name in ("requests", "prompt_tokens", "output_tokens", "slots", "max_batched_tokens", "repeat"):
+        if getattr(args, name) < 1:
+            raise ServePeerError(f"--{name.replace('_', '-')} {getattr(args, name)} is not allowed: must be 1 or more")
+    if args.prompt_tokens < 8:
+        raise ServePeerError(f"--prompt-tokens {args.prompt_tokens} is not allowed: must be 8 or more")
+    return Load(
+        rates=args.rates,
+        requests=args.requests,
+        prompt_tokens=args.prompt_tokens,
+        prompt_tokens_min=max(args.prompt_tokens // 3, 1),
+        prompt_tokens_max=args.prompt_tokens * 2,
+        output_tokens=args.output_tokens,
+        throughput=not args.no_throughput,
+    )
+
+
+def parse_servers(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    bad = [name for name in names if name not in SERVERS]
+    if not names or bad:
+        raise ServePeerError(f"--servers {text!r} is not allowed: choose from {', '.join(SERVERS)}")
+    return names
+
+
+def transformers_blocks(slots: int, load: Load) -> int:
+    """KV blocks for `transformers serve`: room for `slots` requests of the longest length, so no more run at once."""
+    return slots * math.ceil((load.prompt_tokens_max + load.output_tokens) / PAGE_SIZE)
+
+
+def server_specs(model: str, slots: int, max_batched_tokens: int, load: Load, hf_cache: Path) -> dict[str, ServerSpec]:
+    """Both servers on the same model folder, slots and token budget, CPU, one torch thread, nothing from a hub."""
+    common = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hf_cache)}
+    ours = ServerSpec(
+        name="batchscope",
+        command=(
+            sys.executable,
+            "-m",
+            "batching.serve",
+            "--host",
+            "127.0.0.1",
+            "--model",
+            model,
+            "--log-level",
+            "error",
+        ),
+        env={
+            **common,
+            "BATCHSCOPE_BATCHING__MAX_BATCH_SIZE": str(slots),
+            "BATCHSCOPE_BATCHING__MAX_BATCHED_TOKENS": str(max_batched_tokens),
+        },
+        ignore_eos_body={"ignore_eos": True},
+    )
+    theirs = ServerSpec(
+        name="transformers",
+        command=(
+            # the `transformers` command, run by this interpreter so both servers use the same packages
+            sys.executable,
+            "-m",
+            "transformers.cli.transformers",
+            "serve",
+            "--continuous-batching",
+            "--device",
+            "cpu",
+            "--cb-num-blocks",
+            str(transformers_blocks(slots, load)),
+            "--cb-max-batch-tokens",
+            str(max_batched_tokens),
+            "--host",
+            "127.0.0.1",
+            "--log-level",
+            "warning",
+            model,
+        ),
+        env=common,
+        # it refuses fields outside OpenAI's schema (vLLM's ignore_eos among them) but takes a per-request
+        # generation config, whose eos_token_id it passes to each request
+        ignore_eos_body={"generation_config": json.dumps({"eos_token_id": -1, "do_sample": False})},
+    )
+    return {"batchscope": ours, "transformers": theirs}
+
+
+def scenario(target: str, model: str, tokenizer: Path, spec: ServerSpec, load: Load, profile: dict[str, Any]) -> dict:
+    """A guidellm scenario: streamed greedy completions of seeded synthetic prompts, every answer `output_tokens`.
+
+    The answer length goes in as the backend's `max_tokens` plus the server's own ignore-EOS field: guidellm's own
+    fixed-length data adds vLLM's `ignore_eos`, which `transformers serve` refuses with a 422.
+    """
+    return {
+        "spec": {
+            "backend": {
+                "kind": "openai_http",
+                "target": target,
+                "model": model,
+                "request_format": "/v1/completions",
+                "stream": True,
+                "max_tokens": load.output_tokens,
+                "extras": {"body": {"temperature": 0, **spec.ignore_eos_body}},
+            },
+            "profile": profile,
+            "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
+            "data": [
+                {
+                    "kind": "synthetic_text",
+                    "prompt_tokens": load.prompt_tokens,
+                    "prompt_tokens_stdev": max(load.prompt_tokens // 3, 1),
+                    "prompt_tokens_min": load.prompt_tokens_min,
+                    "prompt_tokens_max": load.prompt_tokens_max,
+                }
+            ],
+            # guidellm prefetches 4096 prompts per benchmark by default: seconds of CPU on this machine
+            "data_loader": {"kind": "pytorch", "prefetch_factor": max(load.requests, 16)},
+            "seed": {"kind": "static", "value": load.seed},
+            "constraints": [{"kind": "max_requests", "count": load.requests}],
+            "metrics": {"kind": "generative", "sample_size": 4},
+        }
+    }
+
+
+def profiles(load: Load) -> list[dict[str, Any]]:
+    """One guidellm run for the Poisson rates, one for everything at once."""
+    runs: list[dict[str, Any]] = [{"kind": "poisson", "rate": list(load.rates)}] if load.rates else []
+    if load.throughput:
+        runs.append({"kind": "throughput", "max_concurrency": load.requests})
+    return runs
+
+
+def _percentile(metric: dict[str, Any], name: str) -> float:
+    return float(metric["successful"]["percentiles"][name])
+
+
+def parse_report(report: dict[str, Any], server: str, round_index: int = 0, load_avg: float = 0.0) -> list[Row]:
+    """Rows from one guidellm JSON report, or a ServePeerError if it is not the layout this reads."""
+    version = report.get("metadata", {}).get("version")
+    if version != REPORT_VERSION:
+        raise ServePeerError(f"guidellm report version {version!r} is not supported: this reads version 2")
+    rows = []
+    for benchmark in report["benchmarks"]:
+        strategy = benchmark["config"]["strategy"]
+        metrics = benchmark["metrics"]
+        totals = metrics["request_totals"]
+        rows.append(
+            Row(
+                server=server,
+                profile=strategy["type_"],
+                rate=strategy.get("rate"),
+                requests=int(totals["successful"]),
+                errors=int(totals["errored"]),
+                incomplete=int(totals["incomplete"]),
+                requests_per_s=float(metrics["requests_per_second"]["successful"]["mean"]),
+                ttft_p50_ms=_percentile(metrics["time_to_first_token_ms"], "p50"),
+                ttft_p99_ms=_percentile(metrics["time_to_first_token_ms"], "p99"),
+                itl_p50_ms=_percentile(metrics["inter_token_latency_ms"], "p50"),
+                itl_p99_ms=_percentile(metrics["inter_token_latency_ms"], "p99"),
+                output_tokens_per_s=float(metrics["output_tokens_per_second"]["successful"]["mean"]),
+                output_tokens=int(metrics["output_token_count"]["successful"]["total_sum"]),
+                round=round_index,
+                load_avg=load_avg,
+            )
+        )
+    return rows
+
+
+MEDIAN_FIELDS = (
+    "requests_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "output_tokens_per_s",
+    "load_avg",
+)
+
+
+def median_rows(rows: Sequence[Row]) -> list[Row]:
+    """Per server and load, the median of each figure over the rounds (counts summed), ordered by load then server."""
+    groups: dict[tuple[str, str, float | None], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.server, row.profile, row.rate), []).append(row)
+    loads = list(dict.fromkeys((row.profile, row.rate) for row in rows))
+    servers = list(dict.fromkeys(row.server for row in rows))
+    medians = [
+        replace(
+            group[0],
+            round=-1,
+            requests=sum(row.requests for row in group),
+            errors=sum(row.errors for row in group),
+            incomplete=sum(row.incomplete for row in group),
+            output_tokens=sum(row.output_tokens for row in group),
+            **{name: statistics.median(getattr(row, name) for row in group) for name in MEDIAN_FIELDS},
+        )
+        for group in groups.values()
+    ]
+    return sorted(medians, key=lambda row: (loads.index((row.profile, row.rate)), servers.index(row.server)))
+
+
+def _load_label(row: Row) -> str:
+    return "all at once" if row.profile == "throughput" else f"{row.profile} {row.rate:g}/s"
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """A fixed-width table, one line per row, in the order run."""
+    header = (
+        "server",
+        "round",
+        "load avg",
+        "load",
+        "requests",
+        "errors",
+        "req/s",
+        "TTFT p50/p99 ms",
+        "ITL p50/p99 ms",
+        "out tok/s",
+    )
+    lines = [
+        (
+            row.server,
+            "median" if row.round < 0 else str(row.round + 1),
+            f"{row.load_avg:.1f}",
+            _load_label(row),
+            str(row.requests),
+            str(row.errors + row.incomplete),
+            f"{row.requests_per_s:.2f}",
+            f"{row.ttft_p50_ms:.1f} / {row.ttft_p99_ms:.1f}",
+            f"{row.itl_p50_ms:.1f} / {row.itl_p99_ms:.1f}",
+            f"{row.output_tokens_per_s:.1f}",
+        )
+        for row in rows
+    ]
+    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
+    out = [" ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)) for cells in [header, *lines]]
+    out.insert(1, " ".join("-" * width for width in widths))
+    return "\n".join(out)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return dict(json.load(response))
+
+
+def _log_tail(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+@contextlib.contextmanager
+def running_server(spec: ServerSpec, model: str, workdir: Path) -> Iterator[str]:
+    """Start the server on a free port, wait for /health and one warm-up completion, yield its URL, stop it."""
+    port = free_port()
+    log = workdir / f"{spec.name}-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [*spec.command, "--port", str(port)],
+            cwd=ROOT,
+            env={**os.environ, **spec.env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process, log)
+        # the first request also starts transformers' batching thread: keep that out of the measurement
+        _post_json(
+            f"{url}/v1/completions",
+            {"model": model, "prompt": "Q: hello\nA:", "max_tokens": 4, "temperature": 0, **spec.ignore_eos_body},
+            timeout=STARTUP_TIMEOUT_S,
+        )
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServePeerError(f"server exited with code {process.returncode} before /health: {_log_tail(log)}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            if response.status == 200:
+                return
+        time.sleep(0.5)
+    raise ServePeerError(f"server at {url} did not answer /health within {STARTUP_TIMEOUT_S:.0f} s: {_log_tail(log)}")
+
+
+def guidellm_binary(given: str | None) -> tuple[str, str]:
+    """The guidellm executable and its version, or a ServePeerError saying how to install it."""
+    path = given or shutil.which("guidellm")
+    if not path or not Path(path).exists():
+        raise ServePeerError(
+            f"guidellm not found ({given or 'not on PATH'}): pip install -r requirements-bench.txt, or --guidellm PATH"
+        )
+    result = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        raise ServePeerError(f"{path} --version failed with code {result.returncode}: {result.stderr.strip()[:200]}")
+    return path, result.stdout.strip().rsplit(" ", 1)[-1]
+
+
+GUIDELLM_ENV = {
+    # one worker process: the default spawns ten, each importing torch, which takes half a minute on two cores
+    "GUIDELLM__MAX_WORKER_PROCESSES": "1",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+}
+
+
+def run_guidellm(binary: str, scenario_body: dict[str, Any], workdir: Path, name: str) -> dict[str, Any]:
+    """Run one guidellm scenario and return its JSON report (console output goes to a log in `workdir`)."""
+    scenario_path = workdir / f"{name}.scenario.json"
+    report_path = workdir / f"{name}.report.json"
+    body = json.loads(json.dumps(scenario_body))
+    body["spec"]["outputs"] = [{"kind": "json", "path": str(report_path)}]
+    scenario_path.write_text(json.dumps(body, indent=1))
+    log = workdir / f"{name}.guidellm.log"
+    with log.open("w") as out:
+        result = subprocess.run(
+            [binary, "run", "-c", str(scenario_path), "--disable-console-interactive"],
+            cwd=workdir,
+            env={**os.environ, **GUIDELLM_ENV},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
+    if result.returncode != 0 or not report_path.exists():
+        raise ServePeerError(f"guidellm exited with code {result.returncode} (log {log}): {_log_tail(log)}")
+    return dict(json.loads(report_path.read_text()))
+
+
+def machine_line() -> str:
+    versions = {name: metadata.version(name) for name in ("torch", "transformers")}
+    return (
+        f"machine: {os.cpu_count()} CPUs, torch {versions['torch']} (1 thread per server), "
+        f"transformers {versions['transformers']}, device cpu, float32"
+    )
+
+
+def settings_lines(load: Load, slots: int, max_batched_tokens: int, version: str) -> list[str]:
+    rates = ", ".join(f"{rate:g}" for rate in load.rates)
+    return [
+        f"load generator: guidellm {version}, backend openai_http /v1/completions streamed, greedy, 1 worker process",
+        f"load: synthetic prompts from the model's tokenizer, {load.prompt_tokens} tokens mean "
+        f"[{load.prompt_tokens_min}, {load.prompt_tokens_max}], seed {load.seed}; {load.output_tokens} output tokens, "
+        f"EOS ignored; {load.requests} requests per profile: poisson at {rates} req/s"
+        + ("; throughput (all at once)" if load.throughput else ""),
+        f"servers: {slots} slots, {max_batched_tokens} batched tokens per step; transformers serve with "
+        f"--cb-num-blocks {transformers_blocks(slots, load)} ({PAGE_SIZE}-token pages) so at most {slots} requests fit",
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    load = build_load(args)
+    servers = parse_servers(args.servers)
+    model_dir = (ROOT / args.model).resolve()
+    if not (model_dir / "config.json").is_file():
+        raise ServePeerError(f"--model {args.model!r} is not a model folder: no config.json in {model_dir}")
+    binary, version = guidellm_binary(args.guidellm)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="serve-peer-") as tmp:
+        workdir = Path(tmp)
+        specs = server_specs(args.model, args.slots, args.max_batched_tokens, load, workdir / "hf-cache")
+        (workdir / "hf-cache").mkdir()
+        for round_index in range(args.repeat):
+            for name in servers:
+                spec = specs[name]
+                print(f"round {round_index + 1}: {name} ...", file=sys.stderr, flush=True)
+                load_avg = os.getloadavg()[0]
+                with running_server(spec, args.model, workdir) as url:
+                    for profile in profiles(load):
+                        run_name = f"{name}-{round_index + 1}-{profile['kind']}"
+                        body = scenario(url, args.model, model_dir, spec, load, profile)
+                        report = run_guidellm(binary, body, workdir, run_name)
+                        rows += parse_report(report, name, round_index, load_avg)
+                        if args.keep_reports:
+                            args.keep_reports.mkdir(parents=True, exist_ok=True)
+                            shutil.copy(workdir / f"{run_name}.report.json", args.keep_reports)
+    header = [*settings_lines(load, args.slots, args.max_batched_tokens, version), machine_line()]
+    print("\n".join(header) + "\n\n" + format_table(rows))
+    if args.repeat > 1:
+        print(f"\nmedian of {args.repeat} rounds (requests and errors summed):\n\n" + format_table(median_rows(rows)))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "load_generator": {"name": "guidellm", "version": version, "env": GUIDELLM_ENV},
+                    "load": asdict(load),
+                    "servers": {name: asdict(specs[name]) for name in servers},
+                    "scenarios": {
+                        name: [scenario("URL", args.model, model_dir, specs[name], load, p) for p in profiles(load)]
+                        for name in servers
+                    },
+                    "settings": header,
+                    "rows": [asdict(row) for row in rows],
+                    "medians": [asdict(row) for row in median_rows(rows)],
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(build_parser().parse_args(argv))
+    except ServePeerError as exc:
+        print(f"serve_peer: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
