@@ -21,6 +21,7 @@ from batching.engine.batcher import BatcherOptions
 from batching.engine.builder import RequestBuilder
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.params import RequestParams, SamplingParams
+from batching.serve.server import BackgroundServer, start_background
 from batching.service import EngineClient, EngineConfig, Session, engine_options
 from config.settings import (
     EngineSettings,
@@ -227,12 +228,23 @@ def sidebar(settings: Settings) -> Choices:
 
 
 def shared_engine(service: EngineClient, settings: Settings) -> None:
-    """Restart the engine process (with a warning) if it had died; say how many batchers are live."""
+    """Restart the engine process (with a warning) if it had died; say how many batchers are live, and where the
+    OpenAI-compatible API of this server listens when `BATCHSCOPE_SERVER__PORT` is set."""
     if service.ensure_running():
         st.warning(
             f"The shared engine had stopped ({service.last_error}); it was restarted (restart {service.restarts})."
         )
     st.sidebar.caption(f"Engines live on this server: {service.live_engines} (at most {settings.engine.max_engines})")
+    port = settings.server.port
+    if port is not None:
+        get_api(service, settings.model_dump_json(), port)
+        st.sidebar.caption(f"OpenAI-compatible API: http://{settings.server.host}:{port}/v1 (same engine as this page)")
+
+
+@st.cache_resource(show_spinner=False)
+def get_api(_service: EngineClient, settings_json: str, port: int) -> BackgroundServer:
+    """The API inside this process, once per server: its requests and the tabs' share the engine's batches."""
+    return start_background(_service, Settings.model_validate_json(settings_json), port)
 
 
 # --- session state: the canonical queue, the run, this tab's engine sessions ----------------------------------
