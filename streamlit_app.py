@@ -180,11 +180,11 @@ def sidebar(settings: Settings) -> Choices:
             key="batch_size",
         )
         policies = list(POLICY_NAMES)
-        policy = st.selectbox(
+        policy: str = st.selectbox(
             "Scheduling policy",
             policies,
             index=policies.index(settings.batching.policy),
-            format_func=POLICY_NAMES.get,
+            format_func=POLICY_NAMES.__getitem__,
             help="Which waiting request gets the next free slot.",
             key="policy",
         )

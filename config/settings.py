@@ -6,7 +6,7 @@ import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from dotenv import dotenv_values
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
@@ -150,7 +150,7 @@ def _env_name(location: tuple[str | int, ...]) -> str:
     return ENV_PREFIX + ENV_DELIMITER.join(str(part).upper() for part in location)
 
 
-def load_settings(**overrides: object) -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Read settings from the environment and `.env`, raising `SettingsError` with one line per bad value."""
     try:
         return Settings(**overrides)
@@ -179,7 +179,9 @@ def setting_names() -> list[str]:
     names = []
     for group, info in Settings.model_fields.items():
         names.append(_env_name((group,)))
-        names += [_env_name((group, field)) for field in info.annotation.model_fields]
+        model = info.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel)  # every group is a model
+        names += [_env_name((group, field)) for field in model.model_fields]
     return names
 
 

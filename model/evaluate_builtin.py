@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from model.corpus import WORKLOAD_QUERIES, Example, heldout_examples
 from model.prompting import extract_answer, format_prompt
@@ -50,12 +50,13 @@ class Answer:
 def answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, example: Example) -> Answer:
     """Greedy-decode an answer to the formatted question, as the app's reference path does."""
     inputs = tokenizer(format_prompt(example.question), return_tensors="pt")
-    output = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
+    output = model.generate(**inputs, do_sample=False, max_new_tokens=MAX_NEW_TOKENS)  # type: ignore[operator]
     new = output[0, inputs["input_ids"].shape[1] :].tolist()
     ended = tokenizer.eos_token_id in new
     if ended:
         new = new[: new.index(tokenizer.eos_token_id)]
-    text = extract_answer(tokenizer.decode(new, skip_special_tokens=True))
+    decoded = tokenizer.decode(new, skip_special_tokens=True)
+    text = extract_answer(decoded if isinstance(decoded, str) else "".join(decoded))
     return Answer(example, text, len(new), ended)
 
 
@@ -111,7 +112,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     examples = heldout_examples()
     data = encode(tokenizer, examples)

@@ -42,7 +42,9 @@ def comparison_frame(
 ) -> pd.DataFrame:
     """One row per figure, one column per run (e.g. continuous, static), values formatted for reading; the waste
     meters below the timings when given (a run recorded without step rows shows them as –)."""
-    figures = [(label, summaries, attribute, form) for label, attribute, form in _FIGURES]
+    figures: list[tuple[str, Mapping[str, object], str, str]] = [
+        (label, summaries, attribute, form) for label, attribute, form in _FIGURES
+    ]
     if meters is not None:
         figures += [(label, meters, attribute, form) for label, attribute, form in _WASTE]
     table = {
@@ -130,9 +132,11 @@ def to_json(
     """Setup, summary, requests and steps of each run in one document (NaN written as null)."""
     requests = requests_table(runs, labels, prompts)
     steps = steps_table(runs, labels)
-    document: dict[str, object] = {"setup": dict(setup), "runs": {}}
+    document: dict[str, object] = {"setup": dict(setup)}
+    per_run: dict[str, object] = {}
+    document["runs"] = per_run
     for mode, run in runs.items():
-        document["runs"][mode] = {
+        per_run[mode] = {
             "summary": json_safe(summarize(run).as_dict()),
             "waste": json_safe(waste_meters(run).as_dict()),
             "requests": _records(requests[requests["run"] == mode]),

@@ -229,16 +229,18 @@ class RequestView:
             return f"scheduled: joins {self.offset_s:.1f} s after the start"
         if status == "waiting":
             return "waiting for a free slot"
-        parts = [f"in slot {self.slot + 1}" if status == "running" else _REASONS[self.finished.reason]]
-        if status == "done" and self.finished.slot is not None:
-            parts[0] += f" (slot {self.finished.slot + 1})"
+        finished = self.finished
+        if finished is None:  # running: in a slot, tokens coming
+            parts = [f"in slot {(self.slot or 0) + 1}"]
+        else:
+            parts = [_REASONS[finished.reason] + ("" if finished.slot is None else f" (slot {finished.slot + 1})")]
         parts.append(f"{self.tokens} tokens")
         if self.ttft_s is not None:
             parts.append(f"TTFT {self.ttft_s:.2f} s")
-        if status == "done":
-            parts.append(f"latency {self.finished.e2e_s:.2f} s")
-            if self.finished.error:
-                parts.append(self.finished.error)
+        if finished is not None:
+            parts.append(f"latency {finished.e2e_s:.2f} s")
+            if finished.error:
+                parts.append(finished.error)
         return " · ".join(parts)
 
 
@@ -365,7 +367,7 @@ class LiveRun:
         Returns (prompt, params, request id) items and their arrival schedule.
         """
         views = [view for view in self.views if view.request_id is not None]
-        items = [(view.formatted, self.params(view), view.request_id) for view in views]
+        items = [(view.formatted, self.params(view), view.request_id) for view in views if view.request_id]
         return items, Schedule.timed([view.offset_s for view in views])
 
     def keep_replay(self, record: RunRecord) -> None:
@@ -385,7 +387,7 @@ class LiveRun:
         counts = dict.fromkeys(("scheduled", "waiting", "running", "done", "cancelled", "failed", "refused"), 0)
         for view in self.views:
             status = view.status
-            if status == "done" and view.finished.reason in _NOT_DONE:
+            if view.finished is not None and view.finished.reason in _NOT_DONE:
                 status = _NOT_DONE[view.finished.reason]
             counts[status] += 1
         return counts

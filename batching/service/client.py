@@ -359,9 +359,10 @@ class EngineClient:
                     for session in watchers:
                         session.inbox.put(event)
                     continue
-                session = self._owner.get(event.request_id)
-                if session is None:
+                owner = self._owner.get(event.request_id)
+                if owner is None:
                     continue
+                session = owner
                 if isinstance(event, FinishedEvent):
                     del self._owner[event.request_id]
                     session.pending.pop(event.request_id, None)

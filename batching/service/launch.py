@@ -71,9 +71,7 @@ class EngineProcess:
         self.wait(3)
 
 
-def _forked(
-    config: EngineConfig, commands_fd: int, outputs_fd: int, parent_ends: tuple[int, int]
-) -> multiprocessing.Process:
+def _forked(config: EngineConfig, commands_fd: int, outputs_fd: int, parent_ends: tuple[int, int]) -> BaseProcess:
     process = multiprocessing.get_context("fork").Process(
         target=_forked_main, args=(config, commands_fd, outputs_fd, parent_ends), name="batchscope-engine", daemon=True
     )
