@@ -18,6 +18,7 @@ from batching.arrivals import Schedule
 from batching.bench.workloads import builtin_workload_names, load_workload
 from batching.engine.batcher import Batcher, BatcherOptions, request_builder
 from batching.engine.events import FinishedEvent
+from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
 from batching.engine.params import RequestParams, SamplingParams
 from batching.service import EngineService, ServiceLimits, Session
 from config.settings import ModelSettings, Settings, SettingsError, TokenizerSettings, load_settings
@@ -56,6 +57,7 @@ def get_model(model_json: str, tokenizer_json: str) -> LoadedModel:
     if loaded.device.type == "cpu" and loaded.num_parameters < SMALL_MODEL and "OMP_NUM_THREADS" not in os.environ:
         # A small model's ops are too short to split: on shared cores, more threads mostly wait on each other.
         torch.set_num_threads(1)
+    check_supported(loaded.model)  # refused here, before any request, rather than answered wrongly
     warm = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=1, max_batched_tokens=64))
     warm.add("Hello", RequestParams(2))
     for _ in warm.run():
@@ -110,6 +112,9 @@ except ModelLoadError as exc:
     st.error(f"The model could not be loaded: {exc}")
     st.info("Change that setting (environment variable or `.env`) and restart the app.")
     st.stop()
+except UnsupportedModelError as exc:  # loaded, but the engine cannot run it exactly
+    st.error(str(exc))
+    st.stop()
 except Exception as exc:  # a broken model folder can fail in many ways; the page still explains, not a traceback
     st.error(
         f"The model could not be loaded ({type(exc).__name__}: {str(exc)[:200]}); "
@@ -121,9 +126,11 @@ builder = request_builder(
     loaded.model, loaded.tokenizer, engine_options(settings, settings.batching.max_batch_size, settings.batching.policy)
 )
 max_cap = builder.max_new_tokens
+features = attention_features(loaded.model)  # e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"; "" if plain
 st.caption(
     f"Model **{escape_markdown(loaded.name)}** · {loaded.num_parameters / 1e6:.1f} M parameters · "
     f"{loaded.device} · {str(loaded.dtype).removeprefix('torch.')} · context {builder.context_length} tokens"
+    + (f" · {features}" if features else "")
 )
 
 # --- sidebar: how the engine runs -----------------------------------------------------------------------------
