@@ -128,7 +128,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "cohere2",
         "cohere2",
-        f"window {WINDOW} on alternate layers, no rope on global layers",
+        f"window {WINDOW} on alternate layers",
         {
             "sliding_window": WINDOW,
             "layer_types": _MIXED,
@@ -155,7 +155,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "deepseek_v3",
         "deepseek_v3",
-        "multi-head latent attention (value head 24, key head 24+8)",
+        "multi-head latent attention (key head 16 + 8 rope, value head 20)",
         {
             "num_key_value_heads": 4,
             "q_lora_rank": 32,

@@ -71,3 +71,12 @@ def test_a_longrope_request_that_would_cross_the_original_context_is_refused(fam
     with pytest.raises(ValueError, match=r"context is 48 \(capped where its longrope switches to the long factors\)"):
         batcher.add([5] * 10, RequestParams(ORIGINAL_CONTEXT - 9))
     batcher.add([5] * 10, RequestParams(ORIGINAL_CONTEXT - 10))  # up to the switch is fine
+
+
+def test_the_readme_table_of_families_is_what_the_matrix_prints() -> None:
+    from pathlib import Path
+
+    from tests.families_table import rows
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert "\n".join(rows()) in readme, "README is stale: paste the output of python -m tests.families_table"
