@@ -80,3 +80,18 @@ def test_the_readme_table_of_families_is_what_the_matrix_prints() -> None:
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     assert "\n".join(rows()) in readme, "README is stale: paste the output of python -m tests.families_table"
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "mistral"])
+def test_generate_on_a_model_switched_to_the_engine_attention_still_matches_its_own(family_model_dirs, name) -> None:
+    import torch
+
+    from batching.engine.attention import ATTENTION_NAME
+
+    model = loaded(str(family_model_dirs[name])).model
+    Batcher(model, loaded(str(family_model_dirs[name])).tokenizer, BatcherOptions(max_batch_size=1))
+    assert model.config._attn_implementation == ATTENTION_NAME
+    prompt = _prompts()[1]
+    with torch.inference_mode():  # no plan: soft-cap and sinks take the eager path, windows come in the mask
+        ours = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None)
+    assert ours[0, len(prompt) :].tolist() == reference(model, prompt, 20, ignore_eos=True)
