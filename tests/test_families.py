@@ -30,7 +30,8 @@ def test_greedy_output_equals_generate_for_every_supported_family(family_model_d
     prompts = _prompts()
     context = model_context_length(model.model)
     caps = [min(cap, context - len(prompt)) for prompt, cap in zip(prompts, CAPS, strict=True)]
-    assert max(len(p) + c for p, c in zip(prompts, caps, strict=True)) > 2 * WINDOW
+    ends = [len(p) + c for p, c in zip(prompts, caps, strict=True)]
+    assert max(ends) > 4 * WINDOW or max(ends) == context  # windows crossed; a capped context reached
     expected = [reference(model.model, p, c, ignore_eos=True) for p, c in zip(prompts, caps, strict=True)]
     # A small token budget forces chunked prefill of the longer prompts alongside other rows' decode steps.
     options = BatcherOptions(max_batch_size=3, max_batched_tokens=12)

@@ -138,9 +138,10 @@ def attention_features(model: PreTrainedModel) -> str:
 def rope_length_limit(model: PreTrainedModel) -> int | None:
     """Where a length-dependent rope switches factors, if it has one: the engine's context stops there.
 
-    transformers picks longrope's short or long factors from the longest position of each forward call, so the
-    same token gets different rotations depending on what it is batched and chunked with once a sequence passes
-    the original context. Below it every call uses the short factors, exactly as `generate` does.
+    transformers picks longrope's short or long factors from the longest position of each forward call, and
+    Phi-3's `generate` drops its cache and recomputes the whole sequence with the long factors at the step that
+    crosses the original context. A packed step would mix factors across rows and cannot recompute a row, so the
+    usable context ends at the switch; below it every call uses the short factors, exactly as `generate` does.
     """
     config = model.config.get_text_config()
     parameters = getattr(config, "rope_parameters", None) or {}
