@@ -20,6 +20,7 @@ from batching.bench.workloads import builtin_workload_names, load_workload
 from batching.engine.batcher import BatcherOptions
 from batching.engine.builder import RequestBuilder
 from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.model_support import UnsupportedModelError
 from batching.engine.params import RequestParams, SamplingParams
 from batching.serve.server import BackgroundServer, start_background
 from batching.service import EngineClient, EngineConfig, Session, engine_options
@@ -154,6 +155,9 @@ def model_or_stop(settings: Settings) -> EngineClient:
                 settings.engine.model_dump_json(),
                 settings.limits.model_dump_json(),
             )
+    except UnsupportedModelError as exc:  # loaded, but the engine cannot run it exactly: one line, nothing else
+        st.error(str(exc))
+        st.stop()
     except ModelLoadError as exc:
         st.error(f"The model could not be loaded: {exc}")
         st.info("Change that setting (environment variable or `.env`) and restart the app.")
@@ -633,6 +637,7 @@ def main() -> None:
     st.caption(
         f"Model **{escape_markdown(info.name)}** · {info.num_parameters / 1e6:.1f} M parameters · "
         f"{info.device} · {info.dtype} · context {builder.context_length} tokens"
+        + (f" · {info.features}" if info.features else "")  # e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
     )
 
     choices = sidebar(settings)

@@ -14,6 +14,7 @@ from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
     LlamaConfig,
+    PretrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
 )
@@ -66,20 +67,33 @@ TINY_CONFIGS = {
 }
 
 
+def _save_tiny_models(root: Path, configs: dict[str, PretrainedConfig]) -> dict[str, Path]:
+    """Save a random-init model per config, each with the shared tiny tokenizer, in its own folder."""
+    tokenizer = _tiny_tokenizer()
+    folders = {}
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+        folder = root / name
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders[name] = folder
+    return folders
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """One folder per architecture, each holding a random-init model and the shared tiny tokenizer."""
-    root = tmp_path_factory.mktemp("tiny-models")
-    tokenizer = _tiny_tokenizer()
-    folders = {}
-    for arch, config in TINY_CONFIGS.items():
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config)
-        folder = root / arch
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        folders[arch] = folder
-    return folders
+    return _save_tiny_models(tmp_path_factory.mktemp("tiny-models"), TINY_CONFIGS)
+
+
+@pytest.fixture(scope="session")
+def family_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A folder per model family of tests/families.py (its tiny config, random weights, the tiny tokenizer)."""
+    from tests.families import FAMILIES
+
+    configs = {family.name: family.config() for family in FAMILIES}
+    return _save_tiny_models(tmp_path_factory.mktemp("family-models"), configs)
 
 
 @pytest.hookimpl(hookwrapper=True)

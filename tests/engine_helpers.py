@@ -7,14 +7,21 @@ from functools import cache
 
 import torch
 
+from batching.engine.batcher import Batcher
 from batching.engine.events import Event, FinishedEvent, StepEvent
+from batching.engine.params import RequestParams
 from config.settings import ModelSettings
 from model.loader import LoadedModel, load_model
+
+# The attention implementation each model was loaded with: references run on it, not on the engine's.
+_NATIVE_ATTENTION: dict[int, str] = {}
 
 
 @cache
 def loaded(folder: str) -> LoadedModel:
-    return load_model(ModelSettings(name_or_path=folder, device="cpu", dtype="float32"))
+    model = load_model(ModelSettings(name_or_path=folder, device="cpu", dtype="float32"))
+    _NATIVE_ATTENTION[id(model.model)] = model.model.config._attn_implementation
+    return model
 
 
 def reference(model, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
@@ -27,6 +34,8 @@ def _reference(model, prompt_ids: tuple[int, ...], max_new_tokens: int, ignore_e
     # generate() fills unset values from the model's own generation config, so EOS is switched off there.
     eos = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = None if ignore_eos else eos
+    engine_attention = model.config._attn_implementation
+    model.set_attn_implementation(_NATIVE_ATTENTION.get(id(model), engine_attention))
     try:
         with torch.inference_mode():
             output = model.generate(
@@ -34,6 +43,7 @@ def _reference(model, prompt_ids: tuple[int, ...], max_new_tokens: int, ignore_e
             )
     finally:
         model.generation_config.eos_token_id = eos
+        model.set_attn_implementation(engine_attention)
     return tuple(output[0, len(prompt_ids) :].tolist())
 
 
@@ -67,3 +77,21 @@ def fail_sampling_with_seed_666() -> None:
         return real_choose(self, logits, history)
 
     sampling.RequestSampler.choose = choose
+
+
+def run_with_late_arrivals(
+    batcher: Batcher, prompts: list, caps: list[int], late_from: int, join_at_step: int, ignore_eos: bool = False
+) -> dict[int, list[int]]:
+    """Submit the first requests at once and the rest while the batch is already running; outputs by index."""
+
+    def add(prompt: list, cap: int) -> str:
+        return batcher.add(prompt, RequestParams(cap, ignore_eos=ignore_eos)).request_id
+
+    ids = [add(p, c) for p, c in zip(prompts[:late_from], caps[:late_from], strict=True)]
+    events: list[Event] = []
+    while batcher.has_work or len(ids) < len(prompts):
+        if batcher.step_index == join_at_step and len(ids) < len(prompts):
+            ids += [add(p, c) for p, c in zip(prompts[late_from:], caps[late_from:], strict=True)]
+        events += batcher.step()
+    finished = finished_by_id(events)
+    return {i: list(finished[request_id].output_ids) for i, request_id in enumerate(ids)}

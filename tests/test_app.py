@@ -552,6 +552,28 @@ def test_an_unreachable_hub_id_fails_fast_on_every_new_page_until_settings_chang
     assert pages[0].error[0].value == pages[1].error[0].value and len(loader._hub_failures) == 1
 
 
+def test_a_model_the_engine_cannot_run_exactly_is_refused_after_load_with_one_line(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch, family_model_dirs: dict[str, Path]
+) -> None:
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(family_model_dirs["qwen3_next"]))
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        "model type qwen3_next is not supported: it has linear_attention layers; the engine runs full and "
+        "sliding-window attention layers only, whose state is keys and values per token"
+    ]
+    assert not at.button  # the page stops there: no queue, no Generate
+
+
+def test_the_model_line_names_the_attention_features_in_use(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch, family_model_dirs: dict[str, Path]
+) -> None:
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(family_model_dirs["gemma2"]))
+    at = open_app()
+    line = next(c.value for c in at.caption if "parameters" in c.value)
+    assert line.endswith("context 256 tokens · sliding window 8 on 1 of 2 layers, soft-cap 1")
+
+
 # --- the embedded model -------------------------------------------------------------------------------------------
 def test_the_default_embedded_model_answers_the_customer_support_example(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in os.environ if n.startswith("BATCHSCOPE_")]:

@@ -237,3 +237,31 @@ def test_the_chart_has_one_row_per_mode_under_the_workload_title() -> None:
     spec = bench_chart(runs, slots=2, title="Batchscope benchmark: tiny").to_dict()
     assert spec["title"] == "Batchscope benchmark: tiny"
     assert len(spec["vconcat"]) == 2
+
+
+def test_a_run_in_which_requests_fail_exits_1_and_prints_the_first_error(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = tiny_model_dirs["llama"]
+    broken = AutoModelForCausalLM.from_pretrained(source)
+    with torch.no_grad():
+        broken.lm_head.weight[5] = float("nan")  # every logits row holds a NaN: every request ends with an error
+    broken.save_pretrained(tmp_path / "nan")
+    AutoTokenizer.from_pretrained(source).save_pretrained(tmp_path / "nan")
+    argv = ["--workload", str(_json_workload(tmp_path)), "--modes", "continuous", "--model", str(tmp_path / "nan")]
+    assert _run(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("bench: error: continuous run 1: request q0 failed: FloatingPointError")
+    assert "NaN" in err[-1]
+
+
+def test_a_model_the_engine_cannot_run_exactly_is_refused_with_exit_code_2(
+    family_model_dirs: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    assert _run(["--workload", "seed-lab", "--model", str(family_model_dirs["lfm2"])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("bench: error: model type lfm2 is not supported: it has conv layers")

@@ -8,26 +8,9 @@ import pytest
 
 from batching.engine.batcher import MODES, Batcher, BatcherOptions
 from batching.engine.params import RequestParams
-from tests.engine_helpers import finished_by_id, loaded, random_prompts, reference
+from tests.engine_helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals
 
 CAPS = [1, 200, 3, 17, 64, 2, 120, 9, 33, 5, 80, 1]
-
-
-def _run_with_late_arrivals(batcher, prompts, caps, late_from: int, join_at_step: int) -> dict:
-    """Submit the first requests at once and the rest while the batch is already running."""
-    ids = [
-        batcher.add(p, RequestParams(c)).request_id for p, c in zip(prompts[:late_from], caps[:late_from], strict=True)
-    ]
-    events = []
-    while batcher.has_work or len(ids) < len(prompts):
-        if batcher.step_index == join_at_step and len(ids) < len(prompts):
-            ids += [
-                batcher.add(p, RequestParams(c)).request_id
-                for p, c in zip(prompts[late_from:], caps[late_from:], strict=True)
-            ]
-        events += batcher.step()
-    finished = finished_by_id(events)
-    return {i: list(finished[request_id].output_ids) for i, request_id in enumerate(ids)}
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
@@ -42,7 +25,7 @@ def test_greedy_output_equals_generate_on_each_prompt_alone(tiny_model_dirs, arc
     # A small token budget forces chunked prefill of the longer prompts alongside other rows' decode steps.
     options = BatcherOptions(max_batch_size=4, max_batched_tokens=24, policy=policy)
     batcher = Batcher(model.model, model.tokenizer, options, mode=mode)
-    outputs = _run_with_late_arrivals(batcher, prompts, CAPS, late_from=7, join_at_step=5)
+    outputs = run_with_late_arrivals(batcher, prompts, CAPS, late_from=7, join_at_step=5)
     for i, want in enumerate(expected):
         assert outputs[i] == want, f"request {i} (prompt {len(prompts[i])} tokens, cap {CAPS[i]}) differs"
     assert batcher.runner.cache.active_rows == 0
@@ -98,6 +81,6 @@ def test_the_embedded_model_gives_generate_output_for_the_customer_support_queue
     prompts = [model.tokenizer(format_prompt(q))["input_ids"] for q in questions]
     caps = [40, 1, 120, 8, 64, 33, 2, 90, 16, 50, 25]
     batcher = Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=4, max_batched_tokens=48), mode=mode)
-    outputs = _run_with_late_arrivals(batcher, prompts, caps, late_from=8, join_at_step=3)
+    outputs = run_with_late_arrivals(batcher, prompts, caps, late_from=8, join_at_step=3)
     for i, (prompt, cap) in enumerate(zip(prompts, caps, strict=True)):
         assert outputs[i] == reference(model.model, prompt, cap), f"{questions[i]!r} differs"

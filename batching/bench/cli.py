@@ -4,7 +4,8 @@
 
 All modes share one loaded model (the peer gets its own instance), run alternately, and the median run of each
 is reported: a table on stdout, optionally JSON (`--json`) and a PNG of occupancy and latency charts (`--plot`).
-Bad input (workload, flags, model) is one line on stderr and exit code 2.
+Bad input (workload, flags, a model the engine cannot run exactly) is one line on stderr and exit code 2; a run in
+which any request ended with an error prints the first one on stderr and exits with code 1.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from batching.bench.workloads import (
 from batching.engine.batcher import MODES as BATCHER_MODES
 from batching.engine.batcher import Batcher, BatcherOptions, eos_token_ids, request_builder
 from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.model_support import UnsupportedModelError, check_supported
 from batching.engine.params import RequestParams
-from batching.engine.request import Request
+from batching.engine.request import FinishReason, Request
 from batching.engine.scheduler import POLICIES
 from batching.runs import ScheduledRun
 from config.settings import Settings, SettingsError, load_settings, setting_warnings
@@ -240,6 +242,16 @@ def run_all(plan: Plan, loaded: LoadedModel, peer: HFPeer | None, repeat: int, s
     return runs
 
 
+def first_error(runs: dict[str, list[ModeRun]]) -> str | None:
+    """The first request that ended with an error, in run order, as one line; None when none did."""
+    for mode, mode_runs in runs.items():
+        for index, run in enumerate(mode_runs):
+            for event in run.record.finished:
+                if event.reason is FinishReason.ERROR:
+                    return f"{mode} run {index + 1}: request {event.request_id} failed: {event.error}"
+    return None
+
+
 def median_run(runs: Sequence[ModeRun]) -> ModeRun:
     """The run with the median wall time (the lower middle one for an even count)."""
     ordered = sorted(runs, key=lambda run: run.record.wall_s)
@@ -283,6 +295,7 @@ def benchmark(args: argparse.Namespace) -> dict:
 
 def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> dict:
     loaded = load(args, settings)
+    check_supported(loaded.model)  # a model the engine cannot run exactly is refused before any request
     plan = make_plan(args, settings, loaded, inputs)
     with contextlib.ExitStack() as stack:
         peer = stack.enter_context(start_peer(args, settings, plan)) if "hf" in plan.modes else None
@@ -304,6 +317,7 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> 
         "repeat": args.repeat,
         "machine": machine_info(loaded),
         "modes": modes,
+        "first_error": first_error(runs),
     }
     if args.plot:
         from batching.bench.plot import save_plot
@@ -322,10 +336,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         result = benchmark(args)
-    except (BenchError, SettingsError, ModelLoadError) as exc:
+    except (BenchError, SettingsError, ModelLoadError, UnsupportedModelError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(result))
     if args.json:
         args.json.write_text(json.dumps(json_safe(result), indent=1, allow_nan=False), encoding="utf-8")
+    if result["first_error"]:  # figures of failed requests measure nothing: say so, and fail the command
+        print(f"bench: error: {result['first_error']}", file=sys.stderr)
+        return 1
     return 0

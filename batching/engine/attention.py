@@ -2,13 +2,19 @@
 
 Registered with transformers' `AttentionInterface`, so the model's own classes run unchanged: the linear layers
 see only the real new tokens (no padding to the longest prompt chunk), and attention is split per row here.
-Single-token rows (decode steps) share one batched SDPA call over a view of the cache; each prompt chunk gets
-its own call over its row. Without a plan (e.g. `model.generate`) it is plain SDPA.
+Single-token rows (decode steps) share one batched call over a view of the cache; each prompt chunk gets its own
+call over its row. Without a plan (e.g. `model.generate`) it is plain SDPA.
+
+Everything the model's attention module passes is honoured: `scaling`, a per-layer `sliding_window` (a key is
+seen when its column is within the last `window` columns up to the query, as in transformers' masks), values with
+a head size other than the keys', and the two things SDPA cannot express, logit soft-capping (`softcap`) and
+attention sinks (`s_aux`), which take an eager matmul + softmax path used only by the layers that pass them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
@@ -21,6 +27,33 @@ PLAN_KWARG = "batchscope_plan"
 
 
 @dataclass
+class RowMask:
+    """Which cache columns each query may see, as booleans, with the additive masks derived from it per window."""
+
+    allowed: torch.Tensor  # [rows, 1, queries, kv_len]
+    query_columns: torch.Tensor  # [rows, 1, queries, 1]: the cache column each query sits at
+    dtype: torch.dtype
+    _additive: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    def additive(self, window: int | None) -> torch.Tensor:
+        """The additive mask (0 = attend, dtype min = blocked); a window also hides keys `window` or more back.
+
+        Built once per step and window, then shared by every layer that asks for it.
+        """
+        mask = self._additive.get(window)
+        if mask is None:
+            allowed = self.allowed
+            if window is not None:
+                columns = torch.arange(allowed.shape[-1], device=allowed.device)
+                # Matches transformers' sliding-window overlay: the query itself and the `window - 1` keys before it.
+                allowed = allowed & (columns > self.query_columns - window)
+            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            self._additive[window] = mask
+        return mask
+
+
+@dataclass
 class ChunkPlan:
     """One row's prompt chunk: its tokens are `[start, end)` of the packed sequence."""
 
@@ -28,7 +61,7 @@ class ChunkPlan:
     start: int
     end: int
     kv_len: int
-    mask: torch.Tensor  # [1, 1, end - start, kv_len]
+    mask: RowMask  # one row, end - start queries
 
 
 @dataclass
@@ -40,8 +73,46 @@ class PackedPlan:
     single_rows: torch.Tensor | None  # rows with exactly one new token (None: every row, in order)
     single_tokens: torch.Tensor | None  # their positions in the packed sequence
     single_kv_len: int
-    single_mask: torch.Tensor | None  # [rows, 1, 1, single_kv_len]
+    single_mask: RowMask | None  # every row in use, one query each
     chunks: list[ChunkPlan]
+
+
+def attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of `query` [b, heads, q, d] over `key` [b, kv_heads, s, d] / `value` [b, kv_heads, s, dv].
+
+    SDPA unless the layer soft-caps its logits or has sinks; those take the eager path the models' own eager
+    functions define (soft-cap before the mask; a sink logit per head joins the softmax and is then dropped).
+    """
+    gqa = key.shape[1] != query.shape[1]
+    if softcap is None and sinks is None:
+        return scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    batch, heads, queries, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    # Grouped-query heads share their key head: fold the group into the query axis rather than repeat K/V.
+    grouped = query.reshape(batch, kv_heads, groups * queries, dim)
+    scores = torch.matmul(grouped, key.transpose(2, 3)).view(batch, heads, queries, kv_len)
+    scores = scores * (dim**-0.5 if scaling is None else scaling)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores + mask
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    else:
+        sink = sinks.reshape(1, heads, 1, 1).to(scores.dtype).expand(batch, heads, queries, 1)
+        combined = torch.cat([scores, sink], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
+    out = torch.matmul(probs.reshape(batch, kv_heads, groups * queries, kv_len), value)
+    return out.view(batch, heads, queries, value.shape[-1])
 
 
 def packed_attention(
@@ -56,43 +127,70 @@ def packed_attention(
 ) -> tuple[torch.Tensor, None]:
     """`query` is `[1, heads, tokens, dim]`; `key`/`value` are the whole cache `[slots, kv_heads, len, dim]`."""
     plan = kwargs.get(PLAN_KWARG)
+    window = kwargs.get("sliding_window")
+    softcap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")
     if plan is None:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
-    heads, dim = query.shape[1], query.shape[3]
-    gqa = key.shape[1] != heads
-    output = query.new_empty((1, plan.total_tokens, heads, dim))
+        return _unplanned(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    heads = query.shape[1]
+    output = query.new_empty((1, plan.total_tokens, heads, value.shape[3]))
     if plan.single_mask is not None:
         tokens = query[0].transpose(0, 1)  # [tokens, heads, dim], a view
         if plan.single_rows is None:
             single_query = tokens.unsqueeze(2)
         else:
-            single_query = query.new_zeros((plan.rows, heads, 1, dim))
+            single_query = query.new_zeros((plan.rows, heads, 1, query.shape[3]))
             single_query[plan.single_rows, :, 0] = tokens[plan.single_tokens]
-        attended = scaled_dot_product_attention(
+        attended = attend(
             single_query,
             key[: plan.rows, :, : plan.single_kv_len],
             value[: plan.rows, :, : plan.single_kv_len],
-            attn_mask=plan.single_mask,
-            scale=scaling,
-            enable_gqa=gqa,
+            plan.single_mask.additive(window),
+            scaling,
+            softcap,
+            sinks,
         )
         if plan.single_rows is None:
             output[0] = attended[:, :, 0]
         else:
             output[0, plan.single_tokens] = attended[plan.single_rows, :, 0]
     for chunk in plan.chunks:
-        attended = scaled_dot_product_attention(
+        attended = attend(
             query[:, :, chunk.start : chunk.end],
             key[chunk.row : chunk.row + 1, :, : chunk.kv_len],
             value[chunk.row : chunk.row + 1, :, : chunk.kv_len],
-            attn_mask=chunk.mask,
-            scale=scaling,
-            enable_gqa=gqa,
+            chunk.mask.additive(window),
+            scaling,
+            softcap,
+            sinks,
         )
         output[0, chunk.start : chunk.end] = attended[0].transpose(0, 1)
     return output, None
+
+
+def _unplanned(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """A call outside a step (e.g. `generate` on the same model): SDPA, or the eager path when SDPA cannot do it."""
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+    if softcap is None and sinks is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    scaling = kwargs.get("scaling")
+    queries, kv_len = query.shape[2], key.shape[2]
+    if attention_mask is None:  # sdpa_mask leaves a plain causal mask to SDPA's is_causal
+        columns = torch.arange(kv_len, device=query.device)
+        rows = torch.arange(kv_len - queries, kv_len, device=query.device)[:, None]
+        attention_mask = (columns <= rows)[None, None]
+    if attention_mask.dtype == torch.bool:
+        additive = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+        attention_mask = additive.masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
+    out = attend(query, key, value, attention_mask, scaling, softcap, sinks)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from batching.engine.builder import RequestBuilder
 from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
 from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
-from batching.engine.model_support import model_context_length
+from batching.engine.model_support import context_reason, model_context_length
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request, RequestState
 from batching.engine.runner import ModelRunner
@@ -73,7 +73,8 @@ def request_builder(
 ) -> RequestBuilder:
     """What a batcher with these options accepts: the same checks, without a cache (for the page's validation)."""
     context = min(model_context_length(model), options.max_seq_len)
-    return RequestBuilder(tokenizer, context, options.max_prompt_tokens)
+    reason = context_reason(model) if context == model_context_length(model) else ""
+    return RequestBuilder(tokenizer, context, options.max_prompt_tokens, reason)
 
 
 class Batcher:
@@ -106,8 +107,15 @@ class Batcher:
         else:
             raise ValueError(f"mode={mode!r} is not allowed: choose one of {', '.join(MODES)}")
         self.mode = mode
+        context = self.builder.context_length
+        # A static wave's rows also hold left padding (up to the longest prompt); positions never pass the context.
+        padding_room = self.builder.max_prompt_tokens if mode == "static" else 0
         self.runner = ModelRunner(
-            model, capacity=options.max_batch_size, max_len=self.builder.context_length, pad_token_id=pad_token_id
+            model,
+            capacity=options.max_batch_size,
+            max_len=context + padding_room,
+            pad_token_id=pad_token_id,
+            max_position=context - 1,
         )
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.slots: list[Request | None] = [None] * options.max_batch_size

@@ -20,9 +20,16 @@ class RequestBuilder:
     is rejected rather than truncated: a silently shortened question would give a misleading answer.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, context_length: int, max_prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        context_length: int,
+        max_prompt_tokens: int,
+        context_reason: str = "",
+    ) -> None:
         self.tokenizer = tokenizer
         self.context_length = context_length
+        self.context_reason = context_reason  # why the context is shorter than the model's, if it is
         self.max_prompt_tokens = min(max_prompt_tokens, context_length - 1)
 
     @property
@@ -61,7 +68,7 @@ class RequestBuilder:
         if params.max_new_tokens > room:
             raise ValueError(
                 f"max_new_tokens={params.max_new_tokens} is too large: the prompt has {len(prompt_ids)} tokens and "
-                f"the model's context is {self.context_length}, so at most {room}"
+                f"the model's context is {self.context_length}{self.context_reason}, so at most {room}"
             )
         request = Request(request_id=request_id or f"r{next(_ids)}", prompt_ids=prompt_ids, params=params)
         if arrival is not None:

@@ -1,15 +1,175 @@
-"""What the engine needs to know about a transformers model before it runs it: its context length."""
+"""What the engine needs to know about a transformers model before it runs it: whether it can run it exactly,
+which attention features it uses, and its usable context length.
+
+The attention features are read from the model itself: one probe forward of a single token with a recording
+attention function lists what every layer passes to its attention function (window, soft-cap, sinks, head sizes),
+so a config field a model happens to ignore, or a feature only its code knows, cannot mislead the engine.
+"""
 
 from __future__ import annotations
 
-from transformers import PreTrainedModel
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+PROBE_NAME = "batchscope_probe"
+# Layer kinds the slot cache holds: keys and values per token, nothing else.
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+# Rope variants whose frequencies depend on the sequence length seen in one forward call.
+LENGTH_DEPENDENT_ROPE = frozenset({"longrope"})
+
+
+class UnsupportedModelError(ValueError):
+    """The engine cannot run this model exactly; the message is one line naming the model type and why."""
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """What one layer passes to its attention function."""
+
+    sliding_window: int | None
+    softcap: float | None
+    sinks: bool
+    key_dim: int
+    value_dim: int
+
+
+_probed: weakref.WeakKeyDictionary[torch.nn.Module, tuple[LayerAttention, ...]] = weakref.WeakKeyDictionary()
+
+
+def model_type(model: PreTrainedModel) -> str:
+    return str(getattr(model.config, "model_type", type(model).__name__))
+
+
+def check_supported(model: PreTrainedModel) -> None:
+    """Raise `UnsupportedModelError` for what the engine cannot run token-exact."""
+    name = model_type(model)
+    config = model.config.get_text_config()
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(f"model type {name} is not supported: encoder-decoder models are not batched here")
+    other = sorted({kind for kind in getattr(config, "layer_types", None) or () if kind not in ATTENTION_LAYER_TYPES})
+    if other:
+        raise UnsupportedModelError(
+            f"model type {name} is not supported: it has {', '.join(other)} layers; the engine runs full and "
+            "sliding-window attention layers only, whose state is keys and values per token"
+        )
+    if not getattr(model, "_supports_attention_backend", False):
+        raise UnsupportedModelError(
+            f"model type {name} is not supported: its attention does not route through transformers' attention "
+            "interface, so the engine cannot split it per request"
+        )
+    layers = probe_attention(model)
+    expected = config.num_hidden_layers
+    if len(layers) != expected:
+        raise UnsupportedModelError(
+            f"model type {name} is not supported: {len(layers)} of its {expected} layers call the attention "
+            "interface; the others keep state the slot KV cache cannot hold"
+        )
+
+
+def probe_attention(model: PreTrainedModel) -> tuple[LayerAttention, ...]:
+    """What each attention call of one forward pass passes (memoised per model)."""
+    known = _probed.get(model)
+    if known is not None:
+        return known
+    calls: list[LayerAttention] = []
+
+    def record(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: object,
+    ) -> tuple[torch.Tensor, None]:
+        window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
+        calls.append(
+            LayerAttention(
+                sliding_window=int(window) if window is not None else None,
+                softcap=float(softcap) if softcap is not None else None,
+                sinks=kwargs.get("s_aux") is not None,
+                key_dim=key.shape[-1],
+                value_dim=value.shape[-1],
+            )
+        )
+        return query.new_zeros((query.shape[0], query.shape[2], query.shape[1], value.shape[-1])), None
+
+    AttentionInterface.register(PROBE_NAME, record)
+    AttentionMaskInterface.register(PROBE_NAME, sdpa_mask)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(PROBE_NAME)
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.ones((1, 1), dtype=torch.long, device=model.device), use_cache=False)
+    finally:
+        model.set_attn_implementation(previous)
+    layers = tuple(calls)
+    _probed[model] = layers
+    return layers
+
+
+def attention_features(model: PreTrainedModel) -> str:
+    """The attention features a model uses, in words (e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50");
+    empty for plain full attention."""
+    layers = probe_attention(model)
+    parts = []
+    windows = sorted({layer.sliding_window for layer in layers if layer.sliding_window is not None})
+    if windows:
+        windowed = sum(layer.sliding_window is not None for layer in layers)
+        sizes = "/".join(str(window) for window in windows)
+        parts.append(f"sliding window {sizes} on {windowed} of {len(layers)} layers")
+    softcaps = sorted({layer.softcap for layer in layers if layer.softcap is not None})
+    if softcaps:
+        parts.append("soft-cap " + "/".join(f"{value:g}" for value in softcaps))
+    if any(layer.sinks for layer in layers):
+        parts.append("attention sinks")
+    if any(layer.key_dim != layer.value_dim for layer in layers):
+        first = next(layer for layer in layers if layer.key_dim != layer.value_dim)
+        parts.append(f"key head {first.key_dim}, value head {first.value_dim}")
+    limit = rope_length_limit(model)
+    if limit is not None:
+        parts.append(f"longrope, context capped at its original {limit}")
+    return ", ".join(parts)
+
+
+def rope_length_limit(model: PreTrainedModel) -> int | None:
+    """Where a length-dependent rope switches factors, if it has one: the engine's context stops there.
+
+    transformers picks longrope's short or long factors from the longest position of each forward call, and
+    Phi-3's `generate` drops its cache and recomputes the whole sequence with the long factors at the step that
+    crosses the original context. A packed step would mix factors across rows and cannot recompute a row, so the
+    usable context ends at the switch; below it every call uses the short factors, exactly as `generate` does.
+    """
+    config = model.config.get_text_config()
+    parameters = getattr(config, "rope_parameters", None) or {}
+    # Per-layer-type rope (e.g. Gemma 3) nests one dict per layer type.
+    groups = [parameters] if "rope_type" in parameters else [p for p in parameters.values() if isinstance(p, dict)]
+    limits = []
+    for group in groups:
+        if group.get("rope_type") in LENGTH_DEPENDENT_ROPE:
+            original = group.get("original_max_position_embeddings") or getattr(
+                config, "original_max_position_embeddings", None
+            )
+            if original:
+                limits.append(int(original))
+    return min(limits) if limits else None
+
+
+def context_reason(model: PreTrainedModel) -> str:
+    """Why the engine's context is shorter than the model's, for messages ("" when it is not)."""
+    limit = rope_length_limit(model)
+    return " (capped where its longrope switches to the long factors)" if limit == model_context_length(model) else ""
 
 
 def model_context_length(model: PreTrainedModel) -> int:
-    """Read the context length from the config, whatever the architecture calls it."""
+    """Read the context length from the config, whatever the architecture calls it (capped by `rope_length_limit`)."""
     config = model.config
+    limit = rope_length_limit(model)
     for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
-            return value
-    return 2048
+            return min(value, limit) if limit else value
+    return min(2048, limit) if limit else 2048

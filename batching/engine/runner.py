@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, use_packed_attention
+from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, RowMask, use_packed_attention
 from batching.engine.kv_cache import SlotKVCache, StepPlan
+from batching.engine.model_support import check_supported
 
 
 class ModelRunner:
@@ -20,14 +21,19 @@ class ModelRunner:
     head runs only on each row's last new token.
     """
 
-    def __init__(self, model: PreTrainedModel, capacity: int, max_len: int, pad_token_id: int) -> None:
+    def __init__(
+        self, model: PreTrainedModel, capacity: int, max_len: int, pad_token_id: int, max_position: int | None = None
+    ) -> None:
+        check_supported(model)  # refuse before any request rather than answer wrongly
         self.model = model
         self.device = model.device
         self.max_len = max_len
+        # A finished static row computing padding would otherwise run past the context: learned position tables
+        # end there, and a length-dependent rope would pick its factors for the whole step from that row.
+        self.max_position = max_len - 1 if max_position is None else max_position
         self.pad_token_id = pad_token_id
         num_layers = model.config.get_text_config().num_hidden_layers
         self.cache = SlotKVCache(num_layers, capacity, max_len, self.device)
-        self._mask_min = torch.finfo(model.dtype).min
         self._columns = torch.arange(max_len, device=self.device)
         # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
         self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
@@ -76,7 +82,7 @@ class ModelRunner:
             position = cache.position_of_next(row)
             packed_start = len(input_ids)
             input_ids.extend(tokens)
-            positions.extend(max(0, position + j) for j in range(count))
+            positions.extend(min(max(0, position + j), self.max_position) for j in range(count))
             write_rows.extend([row] * count)
             write_columns.extend(range(start, start + count))
             last_token.append(max(packed_start + count - 1, 0))
@@ -120,11 +126,12 @@ class ModelRunner:
             for row, _ in singles:
                 limit[row] = cache.lengths[row]
             columns = self._columns[:single_kv_len]
-            allowed = columns <= torch.tensor(limit, device=device)[:, None]
+            query_columns = torch.tensor(limit, device=device)[:, None]
+            allowed = columns <= query_columns
             if padded:
                 allowed &= ~cache.blocked[:rows, :single_kv_len]
             allowed[:, 0] |= torch.tensor([value < 0 for value in limit], device=device)
-            single_mask = self._additive(allowed[:, None, None, :])
+            single_mask = RowMask(allowed[:, None, None, :], query_columns[:, None, None], self.model.dtype)
             in_order = len(singles) == rows and total == rows
             if not in_order:
                 single_rows = torch.tensor([row for row, _ in singles], device=device)
@@ -139,9 +146,6 @@ class ModelRunner:
             if cache.padding[row]:
                 allowed &= ~cache.blocked[row, :kv_len]
                 allowed |= columns == own  # a padding query attends to itself only
-            chunk_plans.append(ChunkPlan(row, start, end, kv_len, self._additive(allowed[None, None])))
+            mask = RowMask(allowed[None, None], own[None, None], self.model.dtype)
+            chunk_plans.append(ChunkPlan(row, start, end, kv_len, mask))
         return PackedPlan(rows, total, single_rows, single_tokens, single_kv_len, single_mask, chunk_plans)
-
-    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
-        mask = torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device)
-        return mask.masked_fill_(~allowed, self._mask_min)

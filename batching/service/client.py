@@ -26,6 +26,7 @@ from batching.arrivals import Schedule
 from batching.engine.batcher import MODES, BatcherOptions
 from batching.engine.builder import RequestBuilder
 from batching.engine.events import FinishedEvent, RowKind, StepEvent
+from batching.engine.model_support import UnsupportedModelError
 from batching.engine.params import RequestParams
 from batching.service.core import failed
 from batching.service.handles import (
@@ -122,6 +123,8 @@ class EngineClient:
             raise RuntimeError(f"the engine process exited while starting ({process.describe_exit()})") from None
         if isinstance(first, LoadFailed):
             process.wait(5)
+            if first.unsupported:
+                raise UnsupportedModelError(first.message)
             raise (ModelLoadError if first.model_error else RuntimeError)(first.message)
         assert isinstance(first, Ready)
         with self._send_lock, self._lock:
@@ -177,7 +180,8 @@ class EngineClient:
 
     def _builder(self, options: BatcherOptions) -> RequestBuilder:
         context = min(self.info.context_length, options.max_seq_len)
-        return RequestBuilder(self.tokenizer, context, options.max_prompt_tokens)
+        reason = self.info.context_reason if context == self.info.context_length else ""
+        return RequestBuilder(self.tokenizer, context, options.max_prompt_tokens, reason)
 
     def open_session(self, options: BatcherOptions, max_queue: int | None = None) -> Session:
         """A client's handle on the shared batcher for `options`; `max_queue` replaces the per-session limit (the

@@ -41,6 +41,8 @@ class EngineInfo:
     context_length: int
     load_seconds: float
     pid: int
+    features: str = ""  # the attention features in use, e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
+    context_reason: str = ""  # why the context is shorter than the model's, if it is
 
 
 # --- client -> engine -----------------------------------------------------------------------------------------
@@ -100,6 +102,7 @@ class LoadFailed:
 
     message: str
     model_error: bool
+    unsupported: bool = False  # it loaded, but the engine cannot run it exactly (`UnsupportedModelError`)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,13 @@ from multiprocessing.connection import Connection
 import torch
 
 from batching.engine.batcher import Batcher, BatcherOptions
-from batching.engine.model_support import model_context_length
+from batching.engine.model_support import (
+    UnsupportedModelError,
+    attention_features,
+    check_supported,
+    context_reason,
+    model_context_length,
+)
 from batching.engine.params import RequestParams
 from batching.service.core import EngineCore
 from batching.service.messages import EngineConfig, EngineInfo, LoadFailed, Ready, Shutdown
@@ -78,6 +84,7 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
     """Load and warm up the model, then say `Ready`; on failure send one line (`LoadFailed`) instead."""
     try:
         loaded = load_model(config.model, config.tokenizer)
+        check_supported(loaded.model)  # refused before any request rather than answered wrongly
         if loaded.device.type == "cpu" and loaded.num_parameters < SMALL_MODEL and "OMP_NUM_THREADS" not in os.environ:
             # A small model's ops are too short to split: on shared cores, more threads mostly wait on each other.
             torch.set_num_threads(1)
@@ -86,6 +93,9 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         warm.add("Hello", RequestParams(2))
         for _ in warm.run():
             pass
+    except UnsupportedModelError as exc:
+        outputs.send(LoadFailed(str(exc), model_error=True, unsupported=True))
+        return None
     except ModelLoadError as exc:
         outputs.send(LoadFailed(str(exc), model_error=True))
         return None
@@ -96,10 +106,12 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         name=loaded.name,
         num_parameters=loaded.num_parameters,
         device=str(loaded.device),
-        dtype=str(loaded.dtype),
+        dtype=str(loaded.dtype).removeprefix("torch."),
         context_length=model_context_length(loaded.model),
         load_seconds=loaded.load_seconds,
         pid=os.getpid(),
+        features=attention_features(loaded.model),
+        context_reason=context_reason(loaded.model),
     )
     outputs.send(Ready(info))
     return loaded
