@@ -123,13 +123,13 @@ def packed_attention(
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """`query` is `[1, heads, tokens, dim]`; `key`/`value` are the whole cache `[slots, kv_heads, len, dim]`."""
-    plan = kwargs.get(PLAN_KWARG)
-    window = kwargs.get("sliding_window")
-    softcap = kwargs.get("softcap")
-    sinks = kwargs.get("s_aux")
+    plan: PackedPlan | None = kwargs.get(PLAN_KWARG)
+    window: int | None = kwargs.get("sliding_window")
+    softcap: float | None = kwargs.get("softcap")
+    sinks: torch.Tensor | None = kwargs.get("s_aux")
     if plan is None:
         return _unplanned(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     heads = query.shape[1]
@@ -197,4 +197,4 @@ def use_packed_attention(model: torch.nn.Module) -> None:
     """Route the model's attention through `packed_attention` (plain SDPA whenever no plan is passed)."""
     AttentionInterface.register(ATTENTION_NAME, packed_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
-    model.set_attn_implementation(ATTENTION_NAME)
+    model.set_attn_implementation(ATTENTION_NAME)  # type: ignore[operator]  # a method, typed as a module

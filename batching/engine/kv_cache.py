@@ -27,6 +27,9 @@ class StepPlan:
 class SlotLayer(CacheLayerMixin):
     """One attention layer's keys and values for every slot: `[slots, kv_heads, max_len, head_dim]`."""
 
+    keys: torch.Tensor  # allocated on the first forward pass, before any read
+    values: torch.Tensor
+
     def __init__(self, owner: SlotKVCache) -> None:
         super().__init__()
         self.owner = owner
@@ -83,7 +86,8 @@ class SlotKVCache(Cache):
         self._row_of: dict[str, int] = {}
         self._owner_of: list[str | None] = [None] * capacity
         self.plan = StepPlan(row_index=torch.zeros(0, dtype=torch.long), write_columns=torch.zeros(0, dtype=torch.long))
-        super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
+        self.slot_layers = [SlotLayer(self) for _ in range(num_layers)]  # the same objects as `layers`, typed
+        super().__init__(layers=list(self.slot_layers))
 
     def claim(self, request_id: str) -> int:
         """Give a request the next free row."""
@@ -106,12 +110,13 @@ class SlotKVCache(Cache):
         if row != last:
             moved = self._owner_of[last]
             length = self.lengths[last]
-            for layer in self.layers:
+            for layer in self.slot_layers:
                 layer.move_row(last, row, length)
             self.lengths[row] = length
             if self.padding[last] or self.padding[row]:
                 self.blocked[row] = self.blocked[last]
             self.padding[row] = self.padding[last]
+            assert moved is not None, "every row below active_rows has an owner"
             self._owner_of[row] = moved
             self._row_of[moved] = row
         self._owner_of[last] = None
@@ -144,7 +149,7 @@ class SlotKVCache(Cache):
     def request_view(self, request_id: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One request's cached keys and values in one layer (a view; for inspection and tests)."""
         row = self._row_of[request_id]
-        cached = self.layers[layer]
+        cached = self.slot_layers[layer]
         return cached.keys[row, :, : self.lengths[row]], cached.values[row, :, : self.lengths[row]]
 
     @property
@@ -153,4 +158,4 @@ class SlotKVCache(Cache):
 
     def storage_pointers(self) -> list[int]:
         """Addresses of every layer's tensors: they never change once allocated."""
-        return [t.data_ptr() for layer in self.layers if layer.is_initialized for t in (layer.keys, layer.values)]
+        return [t.data_ptr() for layer in self.slot_layers if layer.is_initialized for t in (layer.keys, layer.values)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -83,7 +84,7 @@ def probe_attention(model: PreTrainedModel) -> tuple[LayerAttention, ...]:
         key: torch.Tensor,
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        **kwargs: object,
+        **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
         calls.append(
