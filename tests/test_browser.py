@@ -97,7 +97,7 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
     page.set_viewport_size({"width": 1440, "height": 1000})
 
 
-def test_a_click_on_the_token_grid_opens_that_step_in_the_inspector(page, record_property) -> None:
+def test_a_click_on_the_token_grid_opens_that_step_in_the_inspector(page, record_property, tmp_path) -> None:
     main = page.get_by_test_id("stMain")
     main.get_by_text("4 · Inside the steps").scroll_into_view_if_needed()
     shown = time.perf_counter()
@@ -125,6 +125,14 @@ def test_a_click_on_the_token_grid_opens_that_step_in_the_inspector(page, record
             break
     assert picked > 1, "the click did not move the inspector to another step"
     assert main.get_by_text("tokens packed into this step").count() == 1
+    page.set_viewport_size({"width": 1440, "height": 2000})
+    page.wait_for_timeout(1000)
+    heading = main.get_by_text("4 · Inside the steps")
+    heading.scroll_into_view_if_needed()
+    screenshot = os.environ.get("BATCHSCOPE_INSPECTOR_SCREENSHOT") or str(tmp_path / "inspector.png")
+    box = heading.bounding_box()
+    page.screenshot(path=screenshot, clip={"x": 300, "y": box["y"] - 10, "width": 1140, "height": 1300})
+    page.set_viewport_size({"width": 1440, "height": 1000})
 
 
 def test_a_prompt_added_mid_run_joins_it_and_stop_cancels_the_rest(page) -> None:

@@ -30,6 +30,13 @@ def _cell_kind(tokens: int, padding: int, kind: RowKind) -> str:
     return kind.value
 
 
+def _positions(first: int, tokens: int) -> str:
+    """"7" for one token, "0–4" for five, "" for none."""
+    if not tokens:
+        return ""
+    return str(first) if tokens == 1 else f"{first}–{first + tokens - 1}"
+
+
 def grid_frame(run: RunRecord, labels: Mapping[str, str], max_columns: int = 600) -> tuple[pd.DataFrame, int]:
     """One cell per slot per step (or per group of `width` steps when a run has more steps than `max_columns`).
 
@@ -52,9 +59,7 @@ def grid_frame(run: RunRecord, labels: Mapping[str, str], max_columns: int = 600
                 kind = _cell_kind(row.tokens, row.padding, row.kind)
                 request = labels.get(row.request_id, OTHERS)
                 tokens, padding = row.tokens, row.padding
-                last = row.first_position + row.tokens - 1
-                positions = f"{row.first_position}–{last}" if row.tokens > 1 else str(row.first_position)
-                positions = positions if row.tokens else ""
+                positions = _positions(row.first_position, row.tokens)
             cell = cells.setdefault(
                 key,
                 {"column": column, "first_step": number, "slot": slot + 1, "tokens": 0, "padding": 0},
@@ -138,7 +143,7 @@ def step_rows_frame(step: StepEvent, labels: Mapping[str, str]) -> pd.DataFrame:
                 "kind": _cell_kind(row.tokens, row.padding, row.kind),
                 "tokens": row.tokens,
                 "padding": row.padding,
-                "positions": f"{row.first_position}–{row.first_position + row.tokens - 1}" if row.tokens else "",
+                "positions": _positions(row.first_position, row.tokens),
                 "packed": f"{start}–{start + size - 1}" if size else "",
             }
         )
