@@ -31,7 +31,7 @@ def _cell_kind(tokens: int, padding: int, kind: RowKind) -> str:
 
 
 def _positions(first: int, tokens: int) -> str:
-    """"7" for one token, "0–4" for five, "" for none."""
+    """ "7" for one token, "0–4" for five, "" for none."""
     if not tokens:
         return ""
     return str(first) if tokens == 1 else f"{first}–{first + tokens - 1}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ from config.settings import Settings, SettingsError, load_settings, setting_warn
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
 from utils.export import json_safe
+from utils.log_setup import configure_logging
 
 MODES = ("static", "continuous", "hf")
 WARM_UP_TOKENS = 4
@@ -332,6 +334,7 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging(logging.WARNING)  # the engine's warnings (a failed request) on stderr; the table on stdout
     transformers.utils.logging.disable_progress_bar()  # the benchmark's own bar is the one to watch
     try:
         args = build_parser().parse_args(argv)

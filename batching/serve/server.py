@@ -23,6 +23,7 @@ from batching.serve.gateway import Gateway
 from batching.service import EngineClient, EngineConfig, engine_options
 from config.settings import Settings, SettingsError, load_settings, setting_warnings
 from model.loader import ModelLoadError
+from utils.log_setup import configure_logging
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8000
@@ -101,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.port is not None and not 1 <= args.port <= 65535:
             raise ServeError(f"--port {args.port} is not allowed: must be in [1, 65535]")
         settings = load_settings()
-        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_logging(getattr(logging, args.log_level.upper()))
         model_settings = settings.model.model_copy(update={"name_or_path": args.model} if args.model else {})
         server = settings.server.model_copy(
             update={k: v for k, v in {"host": args.host, "api_key": args.api_key}.items() if v is not None}
