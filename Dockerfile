@@ -23,7 +23,9 @@ RUN mkdir -p /models/hf && chown -R batchscope:batchscope /models
 VOLUME ["/models"]
 
 USER batchscope
-EXPOSE 8501
+# 8000: the OpenAI-compatible API, when started with BATCHSCOPE_SERVER__PORT=8000 and BATCHSCOPE_SERVER__HOST=0.0.0.0
+# (inside the app's process) or as `python -m batching.serve --host 0.0.0.0 --port 8000` (on its own).
+EXPOSE 8501 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://localhost:8501/_stcore/health').read() != b'ok')"
 
