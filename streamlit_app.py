@@ -38,7 +38,7 @@ from model.loader import ModelLoadError
 from model.prompting import format_prompt
 from utils import charts, export
 from utils.charts import Owns
-from utils.inspector import grid_frame, packed_tokens, step_rows_frame, waste_meters
+from utils.inspector import WasteMeters, grid_frame, packed_tokens, step_rows_frame, waste_meters
 from utils.inspector_charts import GRID_CAPTION, packed_sequence_html, token_grid_chart
 from utils.log_setup import configure_logging
 from utils.metrics import RunRecord, summarize
@@ -537,7 +537,9 @@ def comparison_charts(run: LiveRun, compare: bool, layout: ChartLayout) -> dict[
 
 
 # --- 4. inside the steps -------------------------------------------------------------------------------------------
-def inspector_section(runs: dict[str, RunRecord], labels: dict[str, str], decode: Decode) -> None:
+def inspector_section(
+    runs: dict[str, RunRecord], meters: dict[str, WasteMeters], labels: dict[str, str], decode: Decode
+) -> None:
     """The token grid of one run, its waste meters, and one step looked at closely (picked on the grid or slider)."""
     st.header("4 · Inside the steps")
     names = [name for name in ("continuous", "static", "live") if name in runs]
@@ -546,13 +548,13 @@ def inspector_section(runs: dict[str, RunRecord], labels: dict[str, str], decode
     if not any(step.rows for step in record.steps):
         st.info("This run has no step detail to show.")
         return
-    meters = waste_meters(record)
+    waste = meters[mode]
     columns = st.columns(5)
-    columns[0].metric("slot-steps doing work", f"{meters.slot_use:.0%}", help="of slots × steps")
-    columns[1].metric("held by finished requests", meters.slot_steps_held, help="slot-steps (static waves)")
-    columns[2].metric("padding tokens computed", meters.padding_tokens)
-    columns[3].metric("tokens per step", f"{meters.tokens_per_step_mean:.1f}", help="prompt + decode, mean")
-    columns[4].metric("token budget filled", f"{meters.budget_fill_mean:.1%}", help="mean over steps")
+    columns[0].metric("slot-steps doing work", f"{waste.slot_use:.0%}", help="of slots × steps")
+    columns[1].metric("held by finished requests", waste.slot_steps_held, help="slot-steps (static waves)")
+    columns[2].metric("padding tokens computed", waste.padding_tokens)
+    columns[3].metric("tokens per step", f"{waste.tokens_per_step_mean:.1f}", help="prompt + decode, mean")
+    columns[4].metric("token budget filled", f"{waste.budget_fill_mean:.1%}", help="mean over steps")
     frame, width = grid_frame(record, labels)
     if width > 1:
         st.caption(f"{len(record.steps)} steps: each column shows {width} steps (the kind a slot had most often).")
@@ -583,9 +585,8 @@ def step_section(step: StepEvent, labels: dict[str, str], decode: Decode) -> Non
 
 
 # --- 5. the numbers ----------------------------------------------------------------------------------------------
-def numbers_section(runs: dict[str, RunRecord], others_seen: bool) -> None:
+def numbers_section(runs: dict[str, RunRecord], meters: dict[str, WasteMeters], others_seen: bool) -> None:
     summaries = {mode: summarize(record) for mode, record in runs.items()}
-    meters = {mode: waste_meters(record) for mode, record in runs.items()}
     st.header("5 · The numbers")
     if "static" in summaries:
         factor = export.speedup(summaries["continuous"], summaries["static"])
@@ -658,8 +659,9 @@ def main() -> None:
     if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
         st.rerun()
     runs = comparison_charts(run, choices.compare, layout)
-    inspector_section(runs, run.labels(), lambda ids: str(service.tokenizer.decode(list(ids))))
-    numbers_section(runs, run.others_seen)
+    meters = {mode: waste_meters(record) for mode, record in runs.items()}  # each run's, read by both sections
+    inspector_section(runs, meters, run.labels(), lambda ids: str(service.tokenizer.decode(list(ids))))
+    numbers_section(runs, meters, run.others_seen)
     export_section(runs, run, st.session_state.run_setup)
 
 

@@ -61,9 +61,9 @@ class Gateway:
         self._session.cancel(request_id)
 
     def forget(self, request_id: str) -> None:
+        """The HTTP request is over: stop delivering to it (its last-token time goes with its finished event)."""
         with self._lock:
             self._streams.pop(request_id, None)
-            self._last_token.pop(request_id, None)
 
     def close(self) -> None:
         self._stopping.set()
@@ -89,6 +89,7 @@ class Gateway:
             target = self._streams.get(event.request_id)
         if isinstance(event, FinishedEvent):
             self.metrics.observe_finished(event)
+            self._last_token.pop(event.request_id, None)  # only this thread touches it: a cancelled stream's too
         else:
             previous = self._last_token.get(event.request_id)
             if previous is not None:
