@@ -8,7 +8,6 @@ import asyncio
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,20 +23,15 @@ from batching.bench.workloads import load_workload
 from config.settings import ModelSettings
 from model.loader import load_model
 from model.prompting import format_prompt
+from tests.browser_helpers import free_port
 from tests.engine_helpers import reference
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "builtin"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start(env: dict[str, str], tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / f"serve-{port}.log", "w")  # noqa: SIM115 (closed below)
     environment = {**os.environ, "BATCHSCOPE_MODEL__DEVICE": "cpu", "OMP_NUM_THREADS": "1", **env}
     process = subprocess.Popen(
