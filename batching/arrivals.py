@@ -7,6 +7,8 @@ use it.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -73,6 +75,9 @@ class ArrivalDriver:
     Call `release(steps_done)` between steps; when the engine has nothing to do, `wait_idle()` moves on to the next
     arrival: it sleeps until the next time, or (per-step) releases the next group at once, since an idle engine
     takes no steps.
+
+    `add_at(seconds, submit)` adds an arrival after the start (a prompt typed during a race joins each lane at the
+    same clock time): it is timed, whatever the schedule's kind.
     """
 
     def __init__(
@@ -88,6 +93,9 @@ class ArrivalDriver:
         self.sleep = sleep
         self._order = sorted(range(len(schedule)), key=lambda index: schedule.due[index])
         self._next = 0
+        self._late: list[tuple[float, int, Callable[[float], object]]] = []  # a heap of (seconds, order, submit)
+        self._late_order = itertools.count()
+        self._late_submitted = 0
         self.started: float | None = None
 
     def start(self) -> float:
@@ -98,11 +106,28 @@ class ArrivalDriver:
     @property
     def done(self) -> bool:
         """Every request has been submitted."""
+        return self._scheduled_done and not self._late
+
+    @property
+    def _scheduled_done(self) -> bool:
         return self._next >= len(self._order)
 
     @property
     def submitted(self) -> int:
-        return self._next
+        return self._next + self._late_submitted
+
+    def add_at(self, seconds: float, submit: Callable[[float], object]) -> None:
+        """One more arrival, `seconds` after the start: `submit(arrival)` is called when it is due."""
+        if not seconds >= 0:
+            raise ValueError(f"arrival at {seconds} s is not allowed: must be >= 0 s after the start")
+        heapq.heappush(self._late, (seconds, next(self._late_order), submit))
+
+    def drop_pending(self) -> int:
+        """Forget every arrival not yet submitted (a stopped run); returns how many."""
+        dropped = len(self._order) - self._next + len(self._late)
+        self._next = len(self._order)
+        self._late.clear()
+        return dropped
 
     def _elapsed(self) -> float:
         """Seconds since the clock started (starting it now if it has not)."""
@@ -111,17 +136,35 @@ class ArrivalDriver:
 
     def release(self, steps_done: int) -> int:
         """Submit every request now due: its step is <= `steps_done`, or its time has passed. Returns how many."""
-        return self._release_through(self._elapsed() if self.schedule.kind == TIMED else steps_done)
+        elapsed = self._elapsed()
+        count = self._release_through(elapsed if self.schedule.kind == TIMED else steps_done)
+        return count + self._release_late(elapsed)
 
     def wait_idle(self) -> int:
         """The engine is idle but requests are still to come: wait for (or jump to) the next one and submit it."""
         if self.done:
             return 0
-        upcoming = self.schedule.due[self._order[self._next]]
-        if self.schedule.kind == TIMED:
-            self.sleep(max(0.0, upcoming - self._elapsed()))
-            return self._release_through(max(upcoming, self._elapsed()))
-        return self._release_through(upcoming)
+        late = self._late[0][0] if self._late else None
+        if not self._scheduled_done:
+            upcoming = self.schedule.due[self._order[self._next]]
+            if self.schedule.kind != TIMED:
+                return self._release_through(upcoming)
+            if late is None or upcoming <= late:
+                self.sleep(max(0.0, upcoming - self._elapsed()))
+                return self._release_through(max(upcoming, self._elapsed()))
+        assert late is not None
+        self.sleep(max(0.0, late - self._elapsed()))
+        return self._release_late(max(late, self._elapsed()))
+
+    def _release_late(self, reached: float) -> int:
+        started = self.start() if self.started is None else self.started
+        count = 0
+        while self._late and self._late[0][0] <= reached:
+            seconds, _, submit = heapq.heappop(self._late)
+            submit(started + seconds)
+            count += 1
+        self._late_submitted += count
+        return count
 
     def _release_through(self, reached: float) -> int:
         due = self.schedule.due

@@ -17,6 +17,34 @@ from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
 from batching.engine.request import Request
 
 
+class StepClock:
+    """A clock that runs only while its owner says so (`resume`/`pause`); waiting for an arrival jumps it forward.
+
+    A private batcher or a race lane reads it, so its timings count only its own steps, however busy the
+    machine is with others. `slept` is the total of the jumps (idle time waiting for arrivals).
+    """
+
+    def __init__(self, start: float | None = None) -> None:
+        self._base = time.perf_counter() if start is None else start
+        self._resumed: float | None = None
+        self.slept = 0.0
+
+    def __call__(self) -> float:
+        running = time.perf_counter() - self._resumed if self._resumed is not None else 0.0
+        return self._base + running
+
+    def resume(self) -> None:
+        self._resumed = time.perf_counter()
+
+    def pause(self) -> None:
+        self._base = self()
+        self._resumed = None
+
+    def sleep(self, seconds: float) -> None:
+        self._base += max(0.0, seconds)
+        self.slept += max(0.0, seconds)
+
+
 @dataclass
 class RunRecord:
     """Everything one batcher emitted during one run, with the run's own start time (all times are relative to it)."""
@@ -65,11 +93,30 @@ class ScheduledRun:
         self.requests: dict[str, Request] = {}
 
         def submit(index: int, arrival: float) -> None:
-            request = build(index, arrival)
-            self.requests[request.request_id] = batcher.submit(request)
+            self._submit(build(index, arrival))
 
         self.driver = ArrivalDriver(schedule, submit, clock=batcher.clock, sleep=sleep)
         self.record = RunRecord(batcher.mode, math.nan, slots=batcher.max_batch_size)
+
+    def _submit(self, request: Request) -> None:
+        self.requests[request.request_id] = self.batcher.submit(request)
+
+    def elapsed(self) -> float:
+        """Seconds on the batcher's clock since the run started (0 before it has)."""
+        started = self.driver.started
+        return 0.0 if started is None else self.batcher.clock() - started
+
+    def add_late(self, make: Callable[[float], Request], at_s: float) -> None:
+        """One more request, arriving `at_s` seconds after the start: `make(arrival)` builds it when it is due."""
+        self.driver.add_at(at_s, lambda arrival: self._submit(make(arrival)))
+
+    def stop(self) -> int:
+        """Stop the run: requests yet to arrive never will, the others are cancelled. Returns how many were dropped."""
+        dropped = self.driver.drop_pending()
+        for request_id, request in self.requests.items():
+            if not request.is_finished:
+                self.batcher.cancel(request_id)
+        return dropped
 
     def events(self) -> Iterator[Event]:
         while (events := self.advance()) is not None:

@@ -132,3 +132,37 @@ def test_drive_sleeps_through_a_gap_with_nothing_to_do(tiny_llama) -> None:
     events = list(drive(batcher, driver))
     assert submitted_at[1] >= 0.2
     assert sum(1 for event in events if isinstance(event, StepEvent)) == 2
+
+
+def test_an_arrival_added_after_the_start_is_timed_whatever_the_kind() -> None:
+    clock, submitted = FakeClock(), []
+    driver = ArrivalDriver(
+        Schedule.at_once(1), lambda index, _: submitted.append(index), clock=clock, sleep=clock.sleep
+    )
+    driver.start()
+    driver.release(0)
+    driver.add_at(0.5, lambda arrival: submitted.append(("late", arrival)))
+    assert not driver.done
+    clock.now += 0.2
+    assert driver.release(7) == 0  # steps do not count for it: only its time does
+    assert driver.wait_idle() == 1  # idle: jump to it
+    assert clock.slept == [pytest.approx(0.3)]
+    assert submitted == [0, ("late", pytest.approx(100.5))]
+    assert driver.done and driver.submitted == 2
+
+
+def test_a_late_arrival_before_the_next_scheduled_one_goes_first_and_drop_pending_forgets_both() -> None:
+    clock, submitted = FakeClock(), []
+    driver = ArrivalDriver(
+        Schedule.timed([0.0, 1.0]), lambda index, _: submitted.append(index), clock=clock, sleep=clock.sleep
+    )
+    driver.start()
+    driver.release(0)
+    driver.add_at(0.4, lambda _: submitted.append("late"))
+    driver.wait_idle()
+    assert submitted == [0, "late"]
+    driver.add_at(2.0, lambda _: submitted.append("later"))
+    assert driver.drop_pending() == 2  # request 1 and "later"
+    assert driver.done and driver.wait_idle() == 0
+    with pytest.raises(ValueError, match="must be >= 0"):
+        driver.add_at(-1.0, lambda _: None)

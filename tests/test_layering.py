@@ -53,7 +53,7 @@ def _unit(module: str) -> str:
     for unit in ("batching.engine", "batching.bench", "batching.service", "batching.serve"):
         if module == unit or module.startswith(unit + "."):
             return unit
-    if module in ("batching.arrivals", "batching.runs"):
+    if module in ("batching.arrivals", "batching.runs", "batching.race"):
         return "batching.runs"
     return module.split(".")[0]
 

@@ -1,7 +1,8 @@
 """The engine process and its clients: one process per server steps every batcher; pages (and the API) talk to it.
 
 - `client`: `EngineClient` starts the process and hands out `Session`s (the shared batchers) and
-  `PrivateBatcher`s (a client's own, e.g. the page's comparison replays).
+  `PrivateBatcher`s (a client's own, e.g. the page's comparison replays), and `RaceHandle`s (a continuous and a
+  static lane of a client's own, stepped in turn on fair clocks: `batching.race`).
 - `process`: the process's entry point and its loop; `core`: the batchers it owns, stepped round-robin.
 - `messages`: what crosses the pipe; `handles`: sessions, private runs and the errors a client sees.
 """
@@ -13,6 +14,7 @@ from batching.service.handles import (
     PrivateBatcher,
     PrivateRun,
     QueueFullError,
+    RaceHandle,
     Session,
     Submitted,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "PrivateBatcher",
     "PrivateRun",
     "QueueFullError",
+    "RaceHandle",
     "Session",
     "Submitted",
     "engine_options",

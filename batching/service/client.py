@@ -28,13 +28,16 @@ from batching.engine.builder import RequestBuilder
 from batching.engine.events import FinishedEvent, RowKind, StepEvent
 from batching.engine.model_support import UnsupportedModelError
 from batching.engine.params import RequestParams
+from batching.race import check_pause
 from batching.service.core import failed
 from batching.service.handles import (
     BatcherLoad,
     EngineDeadError,
+    Item,
     PrivateBatcher,
     PrivateRun,
     QueueFullError,
+    RaceHandle,
     Session,
     Submitted,
 )
@@ -42,17 +45,24 @@ from batching.service.launch import EngineProcess
 from batching.service.messages import (
     Cancel,
     ClosePrivate,
+    CloseRace,
     Command,
     EngineConfig,
     EngineInfo,
     EngineStats,
+    LaneOutputs,
     LoadFailed,
     OpenPrivate,
     Outputs,
+    RaceAdd,
+    RaceEnded,
+    RacePace,
     Ready,
     RunEnded,
     RunPrivate,
     Shutdown,
+    StartRace,
+    StopRace,
     Submit,
 )
 from config.settings import LimitSettings, Settings
@@ -92,6 +102,7 @@ class EngineClient:
         self._sessions: dict[str, Session] = {}
         self._owner: dict[str, Session] = {}
         self._privates: dict[str, PrivateBatcher] = {}
+        self._races: dict[str, RaceHandle] = {}
         self._last_step: dict[BatcherOptions, StepEvent] = {}  # each shared batcher's latest step, for `load`
         self._ids = itertools.count(1)
         self._stopping = threading.Event()  # set when this client stops its engine on purpose (close, exit)
@@ -321,6 +332,46 @@ class EngineClient:
             with contextlib.suppress(EngineDeadError):
                 self._send(ClosePrivate(private.batcher_id))
 
+    # --- races -----------------------------------------------------------------------------------------------------
+    def start_race(
+        self, options: BatcherOptions, items: Sequence[Item], schedule: Schedule, pause_s: float = 0.0
+    ) -> RaceHandle:
+        """Race (prompt, params, request id) items on a continuous and a static lane of your own, arriving on
+        `schedule` on each lane's clock; raises ValueError for bad input (nothing is started then)."""
+        if len(items) != len(schedule):
+            raise ValueError(f"{len(items)} requests but {len(schedule)} arrival times: give one per request")
+        check_pause(pause_s)
+        self.ensure_running()
+        builder = self.builder(options)
+        requests = tuple(builder.build(prompt, params, request_id) for prompt, params, request_id in items)
+        race = RaceHandle(self, f"race{next(self._ids)}", options)
+        with self._lock:
+            self._races[race.race_id] = race
+        self._send(StartRace(race.race_id, options, requests, schedule, pause_s))
+        return race
+
+    def race_add(self, race: RaceHandle, item: Item) -> None:
+        prompt, params, request_id = item
+        self._send(RaceAdd(race.race_id, self.builder(race.options).build(prompt, params, request_id)))
+
+    def race_command(self, race: RaceHandle, command: str, pause_s: float = 0.0) -> None:
+        """`pace` (slow motion), `stop` or `close` a race; a dead engine has stopped it already."""
+        if command == "pace":
+            message: Command = RacePace(race.race_id, check_pause(pause_s))
+        elif command == "stop":
+            message = StopRace(race.race_id)
+        elif command == "close":
+            with self._lock:
+                known = self._races.pop(race.race_id, None) is not None
+            if not known:
+                return
+            message = CloseRace(race.race_id)
+        else:
+            raise ValueError(f"race command {command!r} is not allowed: choose pace, stop or close")
+        if self._alive:
+            with contextlib.suppress(EngineDeadError):
+                self._send(message)
+
     # --- the receiver and the reaper -------------------------------------------------------------------------
     def _receive(self, process: EngineProcess, generation: int) -> None:
         """Route the engine's messages until its pipe closes or it exits; then fail everything still waiting.
@@ -339,6 +390,10 @@ class EngineClient:
                     self._route(message)
                 elif isinstance(message, RunEnded):
                     self._end_run(message)
+                elif isinstance(message, LaneOutputs | RaceEnded):
+                    race = self._races.get(message.race_id)
+                    if race is not None:
+                        race.inbox.put(message.step if isinstance(message, LaneOutputs) else message)
                 elif isinstance(message, EngineStats):
                     self.stats = message
         except (EOFError, OSError):
@@ -396,6 +451,9 @@ class EngineClient:
                 if private.current is not None:
                     private.current.inbox.put(EngineDeadError(message))
             self._privates.clear()
+            for race in self._races.values():
+                race.inbox.put(EngineDeadError(message))
+            self._races.clear()
             self.stats = EngineStats()
 
     def _reap_loop(self) -> None:
@@ -410,11 +468,15 @@ class EngineClient:
         deadline = time.monotonic() - self.config.engine.session_timeout_s
         with self._lock:
             gone = [s for s in self._sessions.values() if s.last_seen < deadline]
+            races = [race for race in self._races.values() if race.last_seen < deadline]
         for session in gone:
             if session.pending:
                 logger.info("session %s went away; cancelling %d requests", session.session_id, len(session.pending))
             self.close_session(session)
-        return len(gone)
+        for race in races:
+            logger.info("race %s went unwatched; closing it", race.race_id)
+            race.close()
+        return len(gone) + len(races)
 
 
 def _shut_down(process: EngineProcess, stopping: threading.Event) -> None:

@@ -3,7 +3,9 @@
 Shared batchers (one per `BatcherOptions` in use: a tab's batch size and policy pick one) take the requests of
 every client; a batcher nobody used for `idle_engine_timeout_s` is closed, freeing its cache, and at most
 `max_engines` live at once. Private batchers run a client's own queue on a clock of their own (`StepClock`), so
-their timings count only their own steps, however busy the shared ones are. Outputs leave through `emit`.
+their timings count only their own steps, however busy the shared ones are; a race (`batching.race`) is a pair of
+them stepped in turn, the lane that is behind first, with an optional slow-motion pause between its steps.
+Outputs leave through `emit`.
 """
 
 from __future__ import annotations
@@ -18,16 +20,24 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import Event, FinishedEvent
 from batching.engine.request import FinishReason, Request
-from batching.runs import ScheduledRun
+from batching.race import RACE_MODES, LaneStep, Race
+from batching.runs import ScheduledRun, StepClock
 from batching.service.messages import (
     Cancel,
     ClosePrivate,
+    CloseRace,
     Command,
     EngineStats,
+    LaneOutputs,
     OpenPrivate,
     Outputs,
+    RaceAdd,
+    RaceEnded,
+    RacePace,
     RunEnded,
     RunPrivate,
+    StartRace,
+    StopRace,
     Submit,
 )
 from config.settings import EngineSettings
@@ -35,28 +45,6 @@ from config.settings import EngineSettings
 logger = logging.getLogger(__name__)
 
 Emit = Callable[[object], None]
-
-
-class StepClock:
-    """A clock that runs only while the engine loop steps its batcher; waiting for an arrival jumps it forward."""
-
-    def __init__(self) -> None:
-        self._base = time.perf_counter()
-        self._resumed: float | None = None
-
-    def __call__(self) -> float:
-        running = time.perf_counter() - self._resumed if self._resumed is not None else 0.0
-        return self._base + running
-
-    def resume(self) -> None:
-        self._resumed = time.perf_counter()
-
-    def pause(self) -> None:
-        self._base = self()
-        self._resumed = None
-
-    def sleep(self, seconds: float) -> None:
-        self._base += max(0.0, seconds)
 
 
 @dataclass
@@ -90,16 +78,26 @@ class EngineCore:
         self.emit = emit
         self.shared: dict[BatcherOptions, SharedBatcher] = {}
         self.private: dict[str, PrivateBatcher] = {}
+        self.races: dict[str, Race] = {}
         self.owner: dict[str, BatcherOptions] = {}  # in-flight shared request -> its batcher
 
     @property
     def has_work(self) -> bool:
-        return any(s.batcher.has_work for s in self.shared.values()) or any(
+        return self.next_work_s() == 0.0
+
+    def next_work_s(self) -> float | None:
+        """Seconds until a batcher can step (0: now; > 0: only slow-motion races, paused), or None when idle."""
+        if any(s.batcher.has_work for s in self.shared.values()) or any(
             p.run is not None for p in self.private.values()
-        )
+        ):
+            return 0.0
+        if not self.races:
+            return None
+        now = time.monotonic()
+        return min(race.wait_s(now) for race in self.races.values())
 
     def stats(self) -> EngineStats:
-        return EngineStats(tuple(self.shared), len(self.private))
+        return EngineStats(tuple(self.shared), len(self.private) + len(RACE_MODES) * len(self.races))
 
     # --- commands ---------------------------------------------------------------------------------------------
     def handle(self, command: Command) -> None:
@@ -120,6 +118,8 @@ class EngineCore:
         elif isinstance(command, ClosePrivate):
             if self.private.pop(command.batcher_id, None) is not None:
                 self.emit(self.stats())
+        elif isinstance(command, StartRace | RaceAdd | RacePace | StopRace | CloseRace):
+            self._handle_race(command)
         else:
             raise TypeError(f"unknown command {command!r}")
 
@@ -165,15 +165,70 @@ class EngineCore:
 
         private.run = ScheduledRun(private.batcher, command.schedule, build, sleep=private.clock.sleep)
 
+    # --- races ---------------------------------------------------------------------------------------------------
+    def _handle_race(self, command: StartRace | RaceAdd | RacePace | StopRace | CloseRace) -> None:
+        race = self.races.get(command.race_id)
+        if isinstance(command, StartRace):
+            self._start_race(command)
+        elif isinstance(command, RaceAdd):
+            if race is None:  # it ended while the request was on its way: say so on every lane
+                message = "the race had already ended; press Generate again"
+                for mode in RACE_MODES:
+                    step = LaneStep(mode, (failed(command.request.request_id, message),), (), 0.0, True)
+                    self.emit(LaneOutputs(command.race_id, step))
+                return
+            race.add(command.request)
+        elif race is None:
+            return
+        elif isinstance(command, RacePace):
+            race.set_pause(command.pause_s)
+        elif isinstance(command, StopRace):
+            race.stop()
+        else:
+            del self.races[command.race_id]
+            self.emit(self.stats())
+
+    def _start_race(self, command: StartRace) -> None:
+        def make(mode: str, clock: StepClock) -> Batcher:
+            return Batcher(self.model, self.tokenizer, command.options, mode=mode, clock=clock)
+
+        try:
+            self.races[command.race_id] = Race(make, command.requests, command.schedule, command.pause_s)
+        except ValueError as exc:
+            self.emit(RaceEnded(command.race_id, error=str(exc)))
+            return
+        self.emit(self.stats())
+
+    def _step_race(self, race_id: str, race: Race) -> None:
+        try:
+            step = race.step()
+        except Exception as exc:  # this race ends with the message; the other batchers go on
+            logger.exception("race %s failed", race_id)
+            del self.races[race_id]
+            self.emit(RaceEnded(race_id, error=f"{type(exc).__name__}: {exc}"))
+            self.emit(self.stats())
+            return
+        if step is not None:
+            self.emit(LaneOutputs(race_id, step))
+        if race.done:
+            del self.races[race_id]
+            walls = tuple((mode, lane.run.record.start, lane.run.record.end) for mode, lane in race.lanes.items())
+            self.emit(RaceEnded(race_id, walls))
+            self.emit(self.stats())
+
     # --- the loop's work ----------------------------------------------------------------------------------------
     def step_round(self) -> None:
-        """One step of every batcher with work, shared and private alike."""
+        """One step of every batcher with work, shared and private alike (a race: one step of its lane behind)."""
         for options, shared in list(self.shared.items()):
             if shared.batcher.has_work:
                 self._step_shared(options, shared)
         for batcher_id, private in list(self.private.items()):
             if private.run is not None:
                 self._step_private(batcher_id, private)
+        now = time.monotonic()
+        for race_id, race in list(self.races.items()):
+            if race.wait_s(now) == 0.0:
+                self._step_race(race_id, race)
 
     def _step_shared(self, options: BatcherOptions, shared: SharedBatcher) -> None:
         try:

@@ -1,4 +1,4 @@
-"""What a client hands out: a `Session` on the shared engine, and a `PrivateBatcher` with its `PrivateRun`s.
+"""What a client hands out: a `Session` on the shared engine, a `PrivateBatcher` with its `PrivateRun`s, a `Race`.
 
 Both are thin: the `EngineClient` does the bookkeeping and the talking to the engine process; these only hold
 an inbox the client's receiver thread fills, and read it.
@@ -18,8 +18,11 @@ from batching.arrivals import Schedule
 from batching.engine.batcher import BatcherOptions
 from batching.engine.events import Event
 from batching.engine.params import RequestParams
+from batching.race import LaneStep
 from batching.runs import RunRecord
-from batching.service.messages import RunEnded
+from batching.service.messages import RaceEnded, RunEnded
+
+Item = tuple[str | Sequence[int], RequestParams, str]  # (prompt, params, request id)
 
 
 class EngineClient(Protocol):
@@ -36,6 +39,8 @@ class EngineClient(Protocol):
         schedule: Schedule,
     ) -> PrivateRun: ...
     def close_private(self, private: PrivateBatcher) -> None: ...
+    def race_add(self, race: RaceHandle, item: Item) -> None: ...
+    def race_command(self, race: RaceHandle, command: str, pause_s: float = 0.0) -> None: ...
 
 
 class QueueFullError(ValueError):
@@ -170,3 +175,56 @@ class PrivateBatcher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+RaceMessage = LaneStep | RaceEnded
+
+
+class RaceHandle:
+    """A race of the client's own (`batching.race`): poll its lanes' steps; add, slow down, stop, close.
+
+    Polling is how the client knows the tab is still there: a race not polled for `session_timeout_s` is closed.
+    """
+
+    def __init__(self, client: EngineClient, race_id: str, options: BatcherOptions) -> None:
+        self.client = client
+        self.race_id = race_id
+        self.options = options
+        self.inbox: queue.SimpleQueue[RaceMessage | EngineDeadError] = queue.SimpleQueue()
+        self.last_seen = time.monotonic()
+        self.ended: RaceEnded | None = None
+
+    def poll(self, timeout: float = 0.0) -> list[RaceMessage]:
+        """Every lane step (and the end) since the last poll; waits up to `timeout` for the first one.
+
+        Raises EngineDeadError if the engine stopped.
+        """
+        self.last_seen = time.monotonic()
+        messages: list[RaceMessage] = []
+        try:
+            message = self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait()
+            while True:
+                if isinstance(message, EngineDeadError):
+                    raise message
+                if isinstance(message, RaceEnded):
+                    self.ended = message
+                messages.append(message)
+                message = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
+        return messages
+
+    def add(self, prompt: str | Sequence[int], params: RequestParams, request_id: str) -> None:
+        """A prompt typed during the race joins every lane at the same clock time; ValueError for bad input."""
+        self.client.race_add(self, (prompt, params, request_id))
+
+    def set_pause(self, pause_s: float) -> None:
+        """Slow motion: seconds between the race's steps (0 to 1), counted on neither clock."""
+        self.client.race_command(self, "pace", pause_s)
+
+    def stop(self) -> None:
+        """Cancel both lanes: running requests end cancelled, those yet to arrive never arrive."""
+        self.client.race_command(self, "stop")
+
+    def close(self) -> None:
+        self.client.race_command(self, "close")

@@ -1,7 +1,9 @@
 """What crosses the pipe between the engine process and its client: plain picklable dataclasses.
 
-Client -> engine: `Submit`, `Cancel`, `OpenPrivate`, `RunPrivate`, `ClosePrivate`, `Shutdown`.
-Engine -> client: `Ready` or `LoadFailed` once, then `Outputs` (one per batcher step), `RunEnded`, `EngineStats`.
+Client -> engine: `Submit`, `Cancel`, `OpenPrivate`, `RunPrivate`, `ClosePrivate`, the race's `StartRace`,
+`RaceAdd`, `RacePace`, `StopRace`, `CloseRace`, and `Shutdown`.
+Engine -> client: `Ready` or `LoadFailed` once, then `Outputs` (one per batcher step), `RunEnded`, `LaneOutputs`
+(one per race step), `RaceEnded`, `EngineStats`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from batching.arrivals import Schedule
 from batching.engine.batcher import BatcherOptions
 from batching.engine.events import Event
 from batching.engine.request import Request
+from batching.race import LaneStep
 from config.settings import EngineSettings, ModelSettings, TokenizerSettings
 
 
@@ -83,11 +86,60 @@ class ClosePrivate:
 
 
 @dataclass(frozen=True)
+class StartRace:
+    """Race these requests on a continuous and a static lane of the client's own (see `batching.race`)."""
+
+    race_id: str
+    options: BatcherOptions
+    requests: tuple[Request, ...]
+    schedule: Schedule
+    pause_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RaceAdd:
+    """A request typed during the race: it joins every lane at the same clock time."""
+
+    race_id: str
+    request: Request
+
+
+@dataclass(frozen=True)
+class RacePace:
+    """Slow motion: pause this long between the race's steps (outside both clocks)."""
+
+    race_id: str
+    pause_s: float
+
+
+@dataclass(frozen=True)
+class StopRace:
+    race_id: str
+
+
+@dataclass(frozen=True)
+class CloseRace:
+    race_id: str
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
-Command = Submit | Cancel | OpenPrivate | RunPrivate | ClosePrivate | Shutdown
+Command = (
+    Submit
+    | Cancel
+    | OpenPrivate
+    | RunPrivate
+    | ClosePrivate
+    | StartRace
+    | RaceAdd
+    | RacePace
+    | StopRace
+    | CloseRace
+    | Shutdown
+)
 
 
 # --- engine -> client -----------------------------------------------------------------------------------------
@@ -120,6 +172,23 @@ class RunEnded:
     batcher_id: str
     start: float
     end: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class LaneOutputs:
+    """One step of one lane of a race."""
+
+    race_id: str
+    step: LaneStep
+
+
+@dataclass(frozen=True)
+class RaceEnded:
+    """Every lane of a race is done (`walls`: each lane's (mode, start, end) on its clock), or why it failed."""
+
+    race_id: str
+    walls: tuple[tuple[str, float, float], ...] = ()
     error: str | None = None
 
 

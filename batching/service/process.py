@@ -64,7 +64,8 @@ def run_loop(core: EngineCore, commands: Connection, parent: int) -> None:
     """
     next_check = time.monotonic() + IDLE_WAIT_S
     while True:
-        if commands.poll(0 if core.has_work else IDLE_WAIT_S):
+        wake = core.next_work_s()  # 0: a batcher can step now; > 0: only slow-motion pauses; None: idle
+        if commands.poll(IDLE_WAIT_S if wake is None else min(wake, IDLE_WAIT_S)):
             while True:
                 command = commands.recv()
                 if isinstance(command, Shutdown):
