@@ -23,7 +23,7 @@ from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.model_support import UnsupportedModelError
 from batching.engine.params import RequestParams, SamplingParams
 from batching.serve.server import BackgroundServer, start_background
-from batching.service import EngineClient, EngineConfig, Session, engine_options
+from batching.service import EngineClient, EngineConfig, RaceHandle, Session, engine_options
 from config.settings import (
     EngineSettings,
     LimitSettings,
@@ -44,13 +44,28 @@ from utils.log_setup import configure_logging
 from utils.metrics import RunRecord, summarize
 from utils.plain_text import card_heading_html
 from utils.queue import REPLAY_ORDER, Check, LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
-from utils.streaming import Stream, join_new_items
+from utils.race_view import LANE_NAMES, RaceRun
+from utils.streaming import RaceStream, Stream, join_new_items
 
 DEFAULT_EXAMPLE = "customer-support"
 INTRO = (
-    "Queue some prompts, press Generate and watch one shared engine answer them together. Continuous batching "
-    "gives a slot to a waiting request the moment another finishes; static batching waits for the whole batch. "
-    "The charts and the comparison show what that is worth."
+    "Queue some prompts, press Generate and watch continuous and static batching race on the same queue, live. "
+    "Continuous batching gives a slot to a waiting request the moment another finishes; static batching waits "
+    "for the whole batch. The charts and the numbers show what that is worth."
+)
+RUN_MODES = {
+    "race": "Race: continuous vs static, live (private, fair clocks)",
+    "shared": "Shared engine (everyone's requests)",
+}
+RACE_NOTES = (
+    "Continuous lane: a finished request frees its slot and a waiting one joins on the next step.",
+    "Static lane: waves of the batch size; each wave waits for its longest member.",
+)
+RACE_CLOCKS = (
+    "Both lanes ran the same prompts, caps, sampling and arrival times in the engine process, which steps them in "
+    "turn, always the lane that is behind, so they never compete for the CPU. Each lane's clock counts only its "
+    "own steps (and jumps over idle gaps to the next arrival), so the speed-up is the ratio of the two clocks; "
+    "slow-motion pauses are on neither clock."
 )
 CONTINUOUS_LIVE = "Live: your run on the shared engine, drawn as it happens."
 CONTINUOUS_REPLAYED = "Your queue replayed on a private continuous batcher, measured the same way as static batching."
@@ -67,6 +82,7 @@ POLICY_NAMES = {
 }
 CHARTS = ("occupancy", "latency", "timeline")
 RUN_NAMES = {"continuous": "continuous (replay)", "static": "static (replay)", "live": "live (shared engine)"}
+LANE_RUN_NAMES = {"continuous": "continuous (race lane)", "static": "static (race lane)"}
 Decode = Callable[[Sequence[int]], str]
 
 
@@ -95,6 +111,8 @@ class Choices:
     interval: float
     rate: float
     compare: bool
+    run_mode: str = "race"
+    pause_ms: int = 0
 
     def schedule(self, count: int) -> Schedule:
         """When each of `count` prompts joins, in seconds after Generate."""
@@ -174,6 +192,29 @@ def sidebar(settings: Settings) -> Choices:
     """How the engine runs: slots, policy, sampling, system prompt, arrivals, comparison."""
     gen = settings.generation
     with st.sidebar:
+        st.header("Run")
+        run_mode: str = st.radio(
+            "Run the queue as",
+            list(RUN_MODES),
+            format_func=RUN_MODES.__getitem__,
+            key="run_mode",
+            help="The race runs your queue on a continuous and a static batcher of your own, side by side. The "
+            "shared engine batches your prompts with everyone else's, then replays them to compare.",
+        )
+        race = run_mode == "race"
+        pause_ms = (
+            st.slider(
+                "Slow motion (pause between steps, ms)",
+                0,
+                300,
+                0,
+                10,
+                key="slow_motion",
+                help="Follow the slots step by step. The pause is counted on neither lane's clock.",
+            )
+            if race
+            else 0
+        )
         st.header("Engine")
         batch_size = st.slider(
             "Batch size (slots)",
@@ -218,7 +259,9 @@ def sidebar(settings: Settings) -> Choices:
             else 0.5
         )
         rate = st.slider("Requests per second", 0.5, 20.0, 4.0, 0.5, key="rate") if arrivals == "Poisson" else 2.0
-        compare = st.checkbox("Compare with static batching afterwards", value=True, key="compare")
+        compare = (
+            st.checkbox("Compare with static batching afterwards", value=True, key="compare") if not race else True
+        )
     return Choices(
         batch_size=batch_size,
         policy=policy,
@@ -228,6 +271,8 @@ def sidebar(settings: Settings) -> Choices:
         interval=interval,
         rate=rate,
         compare=compare,
+        run_mode=run_mode,
+        pause_ms=int(pause_ms),
     )
 
 
@@ -304,7 +349,10 @@ def on_clear(queue: PromptQueue) -> None:
 
 def on_stop() -> None:
     state = st.session_state
-    if state.run is not None:
+    if isinstance(state.run, RaceRun):
+        state.run.stop()
+        state.race_handle.stop()
+    elif state.run is not None:
         state.run.stop()
         state.run_session.cancel_all()
 
@@ -316,21 +364,71 @@ def start_run(page: Page, queue: PromptQueue) -> None:
         state.queue_message = "the queue is empty: add a prompt or load an example first"
         return
     choices = page.choices
+    if choices.run_mode == "race":
+        start_race(page, queue)
+        return
     session = engine_session(page.service, page.options)
     started = LiveRun(time.perf_counter(), session.session_id + "/", choices.batch_size, choices.sampling)
     schedule = choices.schedule(len(queue))
     for item, offset in zip(queue.items, schedule.due, strict=True):
         started.plan(item.prompt, page.formatted(item.prompt), item.max_new_tokens, offset)
     state.run, state.run_session, state.run_items = started, session, {item.item_id for item in queue.items}
-    state.run_setup = {
+    state.run_setup = run_setup(page, schedule)
+    state.queue_message = None
+
+
+def run_setup(page: Page, schedule: Schedule) -> dict:
+    """What a run was asked to do, for the export."""
+    choices = page.choices
+    return {
         "model": page.service.info.name,
+        "run": choices.run_mode,
         "engine": asdict(page.options),
         "sampling": asdict(choices.sampling),
         "arrivals": schedule.description,
         "system_prompt": choices.system_prompt,
         "compare": choices.compare,
+        "slow_motion_ms": choices.pause_ms,
     }
+
+
+def start_race(page: Page, queue: PromptQueue) -> None:
+    """Start the queue racing on a continuous and a static lane of this tab's own, in the engine process."""
+    state = st.session_state
+    choices = page.choices
+    schedule = choices.schedule(len(queue))
+    race = RaceRun(f"t{id(state)}/", choices.batch_size, choices.sampling)
+    for item, offset in zip(queue.items, schedule.due, strict=True):
+        race.plan(item.prompt, page.formatted(item.prompt), item.max_new_tokens, offset)
+    try:
+        handle = page.service.start_race(page.options, race.items(), schedule, choices.pause_ms / 1000)
+    except ValueError as exc:
+        state.queue_message = str(exc)
+        return
+    state.run, state.race_handle, state.run_items = race, handle, {item.item_id for item in queue.items}
+    state.race_pause_ms = choices.pause_ms
+    state.run_setup = run_setup(page, schedule)
     state.queue_message = None
+
+
+def follow_race_choices(page: Page, race: RaceRun, queue: PromptQueue) -> None:
+    """During a race: prompts added since join both lanes at the same clock time; a new slow motion applies now."""
+    state = st.session_state
+    handle = state.race_handle
+    offset = max(race.elapsed.values())
+    for item in queue.items:
+        if item.item_id in state.run_items:
+            continue
+        state.run_items.add(item.item_id)
+        request_id = race.plan(item.prompt, page.formatted(item.prompt), item.max_new_tokens, offset)
+        try:
+            handle.add(page.formatted(item.prompt), race.params(request_id), request_id)
+        except ValueError as exc:
+            for lane in race.lanes.values():
+                lane.refuse(lane.views[-1], str(exc))
+    if state.race_pause_ms != page.choices.pause_ms:
+        state.race_pause_ms = page.choices.pause_ms
+        handle.set_pause(page.choices.pause_ms / 1000)
 
 
 # --- 1. the queue ------------------------------------------------------------------------------------------------
@@ -391,12 +489,14 @@ def queue_section(page: Page) -> bool:
         f"{len(queue)} of {queue.max_items} prompts · edit a cap in the table, select rows and delete to remove them"
     )
 
-    run: LiveRun | None = state.run
+    run: LiveRun | RaceRun | None = state.run
     running = run is not None and not run.done
     go_col, stop_col, _ = st.columns([1, 1, 4])
     go_col.button("Generate", on_click=start_run, args=(page, queue), type="primary", disabled=running, width="stretch")
     stop_col.button("Stop", on_click=on_stop, disabled=not running, width="stretch")
-    if run is not None and running:  # prompts added mid-run join it at once: the engine is shared and keeps going
+    if isinstance(run, RaceRun) and running:
+        follow_race_choices(page, run, queue)
+    elif isinstance(run, LiveRun) and running:  # prompts added mid-run join it at once: the engine keeps going
         join_new_items(run, queue.items, state.run_items, page.formatted, time.perf_counter())
     return running
 
@@ -427,8 +527,31 @@ def answers_section(run: LiveRun) -> tuple[DeltaGenerator, list[AnswerSlots]]:
     return progress_slot, answer_slots
 
 
+LaneSlots = dict[str, AnswerSlots]
+
+
+def race_answers_section(race: RaceRun) -> tuple[DeltaGenerator, list[LaneSlots]]:
+    """One card per prompt with its answer on each lane side by side; returns the progress line's and cards' slots."""
+    st.header("2 · Answers, racing")
+    progress_slot = st.empty()
+    progress_slot.markdown(race.progress_line())
+    answer_slots: list[LaneSlots] = []
+    for index, view in enumerate(race.views):
+        if index % 2 == 0:
+            row = st.columns(2)
+        with row[index % 2].container(border=True):
+            st.html(card_heading_html(view.number, view.prompt))
+            lanes = dict(zip(race.lanes, st.columns(2), strict=True))
+            answer_slots.append({})
+            for mode, column in lanes.items():
+                column.caption(f"**{LANE_NAMES[mode]}**")
+                answer_slots[-1][mode] = (column.empty(), column.empty())
+                draw_answer(race.lanes[mode].views[index], answer_slots[-1][mode])
+    return progress_slot, answer_slots
+
+
 # --- 3. charts -------------------------------------------------------------------------------------------------
-def charts_section() -> ChartLayout:
+def charts_section(notes_text: tuple[str, str] = (CONTINUOUS_LIVE, STATIC_LATER)) -> ChartLayout:
     """Continuous and static side by side, one row per chart so the two sides line up; drawn into later."""
     st.header("3 · What the engine did")
     replay_slot = st.empty()
@@ -436,8 +559,8 @@ def charts_section() -> ChartLayout:
     left.subheader("Continuous batching")
     right.subheader("Static batching (same queue)")
     notes = (left.empty(), right.empty())
-    notes[0].caption(CONTINUOUS_LIVE)
-    notes[1].caption(STATIC_LATER)
+    notes[0].caption(notes_text[0])
+    notes[1].caption(notes_text[1])
     slots = {}
     for name in CHARTS:
         left, right = st.columns(2, gap="large")
@@ -449,7 +572,7 @@ def charts_section() -> ChartLayout:
 
 def draw_charts(
     layout: ChartLayout,
-    run: LiveRun,
+    run: LiveRun | RaceRun,
     record: RunRecord,
     column: int,
     latency: pd.DataFrame,
@@ -536,14 +659,44 @@ def comparison_charts(run: LiveRun, compare: bool, layout: ChartLayout) -> dict[
     return runs
 
 
+def race_stream(
+    race: RaceRun, handle: RaceHandle, progress_slot: DeltaGenerator, answer_slots: list[LaneSlots], layout: ChartLayout
+) -> None:
+    """Fold both lanes' steps in as they come and redraw what changed, until the engine says the race is over."""
+    streaming = RaceStream(race, handle)
+    while True:
+        redraw = streaming.tick()
+        for mode, index, view in redraw.answers:
+            draw_answer(view, answer_slots[index][mode])
+        if redraw.charts:
+            progress_slot.markdown(race.progress_line())
+            race_charts(race, layout)
+            streaming.charts_drawn(redraw.now)
+        if redraw.done:
+            return
+        time.sleep(streaming.pause())
+
+
+def race_charts(race: RaceRun, layout: ChartLayout) -> None:
+    """Both lanes' charts on shared axes (seconds on the lanes' clocks), as far as each has got."""
+    runs = race.runs()
+    shared = {"seconds": max(race.elapsed.values()) or None, "steps": max(len(r.steps) for r in runs.values()) or None}
+    for column, mode in enumerate(runs):
+        draw_charts(layout, race, runs[mode], column, race.latency_frame(mode), None, shared)
+
+
 # --- 4. inside the steps -------------------------------------------------------------------------------------------
 def inspector_section(
-    runs: dict[str, RunRecord], meters: dict[str, WasteMeters], labels: dict[str, str], decode: Decode
+    runs: dict[str, RunRecord],
+    meters: dict[str, WasteMeters],
+    labels: dict[str, str],
+    decode: Decode,
+    names: dict[str, str] = RUN_NAMES,
 ) -> None:
     """The token grid of one run, its waste meters, and one step looked at closely (picked on the grid or slider)."""
     st.header("4 · Inside the steps")
-    names = [name for name in ("continuous", "static", "live") if name in runs]
-    mode = st.radio("Run", names, horizontal=True, key="inspect_run", format_func=RUN_NAMES.get)
+    modes = [name for name in ("continuous", "static", "live") if name in runs]
+    mode = st.radio("Run", modes, horizontal=True, key="inspect_run", format_func=names.get)
     record = runs[mode]
     if not any(step.rows for step in record.steps):
         st.info("This run has no step detail to show.")
@@ -585,17 +738,23 @@ def step_section(step: StepEvent, labels: dict[str, str], decode: Decode) -> Non
 
 
 # --- 5. the numbers ----------------------------------------------------------------------------------------------
-def numbers_section(runs: dict[str, RunRecord], meters: dict[str, WasteMeters], others_seen: bool) -> None:
+def numbers_section(
+    runs: dict[str, RunRecord], meters: dict[str, WasteMeters], others_seen: bool, race: RaceRun | None = None
+) -> None:
     summaries = {mode: summarize(record) for mode, record in runs.items()}
     st.header("5 · The numbers")
-    if "static" in summaries:
+    if "static" in summaries and (race is None or race.completed):
         factor = export.speedup(summaries["continuous"], summaries["static"])
         st.subheader(f"Same queue, same model, same batch size: {export.speedup_sentence(factor)}")
+    elif race is not None:
+        st.info("No speed-up: the race was stopped or some prompts did not finish; the figures cover what ran.")
     st.dataframe(export.comparison_frame(summaries, meters), width="content")
     notes = [
         "Latency counts from when a request arrived; occupancy is working slots ÷ batch size, averaged over steps."
     ]
-    if "static" in summaries:
+    if race is not None:
+        notes.append(RACE_CLOCKS)
+    elif "static" in summaries:
         notes.append(
             "Continuous and static were measured the same way after your run: the same prompts, caps, sampling, "
             "arrival times and slots on private batchers, each twice (continuous, static, static, continuous), "
@@ -612,6 +771,7 @@ def numbers_section(runs: dict[str, RunRecord], meters: dict[str, WasteMeters], 
 
 # --- 6. export ---------------------------------------------------------------------------------------------------
 def export_section(runs: dict[str, RunRecord], run: LiveRun, setup: dict) -> None:
+    """Per-request and per-step CSVs and one JSON of every run (`run` gives the prompts and their labels)."""
     labels = run.labels()
     prompts = {view.request_id: view.prompt for view in run.views if view.request_id}
     st.header("6 · Export")
@@ -648,8 +808,11 @@ def main() -> None:
     init_state(settings, builder.max_new_tokens)
 
     running = queue_section(page)
-    run: LiveRun | None = st.session_state.run
+    run: LiveRun | RaceRun | None = st.session_state.run
     if run is None:
+        return
+    if isinstance(run, RaceRun):
+        race_page(service, run, running)
         return
     progress_slot, answer_slots = answers_section(run)
     layout = charts_section()
@@ -663,6 +826,22 @@ def main() -> None:
     inspector_section(runs, meters, run.labels(), lambda ids: str(service.tokenizer.decode(list(ids))))
     numbers_section(runs, meters, run.others_seen)
     export_section(runs, run, st.session_state.run_setup)
+
+
+def race_page(service: EngineClient, race: RaceRun, running: bool) -> None:
+    """Sections 2-6 for a race: both lanes stream live, then the same inspector, numbers and export."""
+    progress_slot, answer_slots = race_answers_section(race)
+    layout = charts_section(RACE_NOTES)
+    race_stream(race, st.session_state.race_handle, progress_slot, answer_slots, layout)
+    if running:  # the race ended during this script run: redraw the page so Generate and Stop show it
+        st.session_state.race_handle.close()
+        st.rerun()
+    race_charts(race, layout)
+    runs = race.runs()
+    meters = {mode: waste_meters(record) for mode, record in runs.items()}
+    inspector_section(runs, meters, race.labels(), lambda ids: str(service.tokenizer.decode(list(ids))), LANE_RUN_NAMES)
+    numbers_section(runs, meters, False, race)
+    export_section(runs, race.lanes["continuous"], st.session_state.run_setup)
 
 
 if __name__ == "__main__":

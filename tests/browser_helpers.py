@@ -87,3 +87,10 @@ def add_prompt(page, text: str) -> None:
     box.fill(text)
     box.press("Enter")  # a text input commits on Enter (or blur)
     page.get_by_test_id("stMain").get_by_role("button", name="Add", exact=True).click()
+
+
+def use_shared_engine(page) -> None:
+    """Run the queue on the shared engine (with everyone's requests) rather than the default race."""
+    page.get_by_test_id("stSidebar").get_by_text("Shared engine (everyone's requests)", exact=True).click()
+    page.wait_for_selector(IDLE)
+    page.get_by_text("Compare with static batching afterwards").wait_for()

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,10 +85,19 @@ def edit_table(at: AppTest, edited: dict | None = None, deleted: list[int] | Non
     assert not at.exception, at.exception
 
 
-def generate(at: AppTest) -> LiveRun:
+def generate(at: AppTest, run_mode: str = "shared") -> LiveRun:
+    """Press Generate with the queue run on the shared engine (then replayed to compare), or raced."""
+    if at.radio(key="run_mode").value != run_mode:
+        at.radio(key="run_mode").set_value(run_mode).run()
     button(at, "Generate").click().run()
     assert not at.exception, at.exception
     return at.session_state.run
+
+
+def no_comparison(at: AppTest) -> None:
+    """Run on the shared engine without the static replays afterwards."""
+    at.radio(key="run_mode").set_value("shared").run()
+    at.checkbox(key="compare").uncheck().run()
 
 
 def charts_by_title(at: AppTest) -> dict[str, list[dict]]:
@@ -117,7 +127,7 @@ def test_the_sidebar_counts_live_engines_and_new_batch_sizes_replace_idle_ones(
     monkeypatch.setenv("BATCHSCOPE_ENGINE__MAX_ENGINES", "2")
     at = open_app()
     add(at, "Hi", 2)
-    at.checkbox(key="compare").uncheck().run()
+    no_comparison(at)
     for slots in (1, 2, 3):  # each batch size is an engine of its own
         at.slider(key="batch_size").set_value(slots).run()
         run = generate(at)
@@ -313,7 +323,7 @@ def test_answer_cards_show_each_prompt_as_plain_text_html(tiny_env: Path) -> Non
     prompts = ["<b>bold?</b> www.example.com", "mail bob@example.com :material/home: **x**"]
     for prompt in prompts:
         add(at, prompt, 2)
-    at.checkbox(key="compare").uncheck().run()
+    no_comparison(at)
     generate(at)
     headings = [element.proto.body for element in at.get("html") if "batchscope-card-heading" in element.proto.body]
     assert headings == [card_heading_html(number, prompt) for number, prompt in enumerate(prompts, start=1)]
@@ -386,7 +396,7 @@ def test_export_offers_requests_steps_and_everything(finished_app: AppTest) -> N
 def test_switching_the_comparison_off_skips_the_static_run(tiny_env: Path) -> None:
     at = open_app()
     add(at, "Hi", 2)
-    at.checkbox(key="compare").uncheck().run()
+    no_comparison(at)
     run = generate(at)
     assert run.completed and run.replays == {}
     assert any("switched off" in element.value for element in at.info)
@@ -396,7 +406,7 @@ def test_switching_the_comparison_off_skips_the_static_run(tiny_env: Path) -> No
 def test_other_users_requests_on_the_shared_engine_show_in_the_live_run(tiny_env: Path) -> None:
     at = open_app()
     add(at, "Hi", 2)
-    at.checkbox(key="compare").uncheck().run()  # the final charts are then the live run's
+    no_comparison(at)  # the final charts are then the live run's
     generate(at)
     for prompt in ("a?", "b?", "c?"):
         add(at, prompt, 4)
@@ -621,3 +631,69 @@ def test_the_comparison_table_and_the_export_carry_the_waste_meters(finished_app
     document = json.loads(export.to_json(run.replays, run.labels(), {}, {}))
     assert set(document["runs"]["static"]["waste"]) >= {"slot_use", "padding_tokens", "budget_fill_mean"}
     assert document["runs"]["continuous"]["waste"]["slot_steps_held"] == 0
+
+
+# --- the race (the default): both schedules on lanes of this tab's own ------------------------------------------
+@pytest.fixture(scope="module")
+def raced_app(tiny_model_dirs: dict[str, Path]) -> Iterator[AppTest]:
+    """The same five prompts as `finished_app`, raced (the default) with 2 slots."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name in [n for n in os.environ if n.startswith("BATCHSCOPE_")]:
+            monkeypatch.delenv(name)
+        monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tiny_model_dirs["llama"]))
+        monkeypatch.setenv("BATCHSCOPE_GENERATION__MAX_NEW_TOKENS", str(CAP))
+        at = open_app()
+        at.slider(key="batch_size").set_value(2).run()
+        for index, cap in enumerate([2, 9, 3, 7, 4]):
+            add(at, f"prompt number {index}", cap)
+        assert at.radio(key="run_mode").value == "race"
+        generate(at, "race")
+        yield at
+
+
+def test_a_race_answers_every_prompt_on_both_lanes_and_states_the_speedup(raced_app: AppTest) -> None:
+    race = raced_app.session_state.run
+    assert race.done and race.completed and len(race.views) == 5
+    for lane in race.lanes.values():
+        assert [view.finished.output_tokens for view in lane.views] == [2, 9, 3, 7, 4]
+    answers = [element.value for element in raced_app.text]
+    assert len(answers) == 10  # each prompt's answer on each lane
+    assert answers[0::2] == answers[1::2]  # greedy: both lanes compute the same answers
+    line = next(m.value for m in raced_app.markdown if m.value.startswith("**finished**"))
+    assert "continuous: 5 of 5 done" in line and "static: 5 of 5 done" in line
+    runs = race.runs()
+    factor = runs["static"].wall_s / runs["continuous"].wall_s
+    headline = next(s.value for s in raced_app.subheader if s.value.startswith("Same queue"))
+    assert f"{factor:.1f}" in headline or f"{factor:.2f}" in headline
+    assert len(runs["continuous"].steps) < len(runs["static"].steps)
+    assert not button(raced_app, "Generate").disabled and button(raced_app, "Stop").disabled
+
+
+def test_a_race_charts_both_lanes_on_their_own_clocks(raced_app: AppTest) -> None:
+    race = raced_app.session_state.run
+    runs = race.runs()
+    found = charts_by_title(raced_app)
+    occupancy = next(charts for title, charts in found.items() if "occupancy" in str(title).lower())
+    assert [chart["data"]["step"].nunique() for chart in occupancy] == [len(runs[m].steps) for m in runs]
+    for record in runs.values():  # each lane's wall time is its clock at its last step
+        assert record.start == pytest.approx(0.0, abs=0.01) and record.end == pytest.approx(record.steps[-1].end)
+    assert race.elapsed == {mode: record.end for mode, record in runs.items()}
+
+
+def test_slow_motion_slows_the_race_on_the_page_but_not_its_clocks(tiny_env: Path) -> None:
+    at = open_app()
+    at.slider(key="batch_size").set_value(2).run()
+    for index, cap in enumerate([3, 8, 5]):
+        add(at, f"slow prompt {index}", cap)
+    measured = {}
+    for pause_ms in (0, 40):
+        at.slider(key="slow_motion").set_value(pause_ms).run()
+        started = time.perf_counter()
+        race = generate(at, "race")
+        real = time.perf_counter() - started
+        assert race.completed and at.session_state.run_setup["slow_motion_ms"] == pause_ms
+        runs = race.runs()
+        measured[pause_ms] = (real, sum(len(r.steps) for r in runs.values()), sum(r.wall_s for r in runs.values()))
+    real, steps, clocks = measured[40]
+    assert real >= 0.04 * (steps - 1)  # the page really went step by step
+    assert clocks < 2.0 * measured[0][2]  # and neither clock counted the pauses

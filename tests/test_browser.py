@@ -11,15 +11,17 @@ import time
 
 import pytest
 
-from tests.browser_helpers import BROWSER_MARKS, IDLE, add_prompt, new_page
+from tests.browser_helpers import BROWSER_MARKS, IDLE, add_prompt, new_page, use_shared_engine
 
 pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture(scope="module")
 def page(app_url: str, chromium):
-    """One page for the module's tests, which run in order on it."""
-    return new_page(chromium, app_url)
+    """One page for the module's tests, which run in order on it, on the shared engine (the race has its own)."""
+    page = new_page(chromium, app_url)
+    use_shared_engine(page)
+    return page
 
 
 def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None:

@@ -12,7 +12,15 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.browser_helpers import BROWSER_MARKS, IDLE, free_port, new_page, start_streamlit, stop_streamlit
+from tests.browser_helpers import (
+    BROWSER_MARKS,
+    IDLE,
+    free_port,
+    new_page,
+    start_streamlit,
+    stop_streamlit,
+    use_shared_engine,
+)
 
 pytestmark = BROWSER_MARKS
 
@@ -44,6 +52,7 @@ def _wait_for_api(url: str) -> None:
 def test_an_api_request_shares_the_batch_with_a_tabs_run(app_with_api: tuple[str, str], chromium) -> None:
     page_url, api_url = app_with_api
     page = new_page(chromium, page_url)  # the first page load starts the engine and the API
+    use_shared_engine(page)  # the API's requests and the tab's share that engine's batches
     page.get_by_text(f"OpenAI-compatible API: {api_url}/v1").wait_for()
     _wait_for_api(api_url)
     client = openai.OpenAI(base_url=api_url + "/v1", api_key="unused", max_retries=0, timeout=120)

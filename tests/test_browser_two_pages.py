@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from batching.bench.workloads import load_workload
-from tests.browser_helpers import BROWSER_MARKS, IDLE, add_prompt, new_page
+from tests.browser_helpers import BROWSER_MARKS, IDLE, add_prompt, new_page, use_shared_engine
 from utils.charts import OTHERS  # the occupancy legend's name for other users' requests
 
 pytestmark = BROWSER_MARKS
@@ -42,6 +42,7 @@ def main(page):
 
 def switch_off_comparison(page) -> None:
     """No replays after the run: the page is done sooner and keeps the live occupancy chart (yours vs others')."""
+    use_shared_engine(page)
     label = "Compare with static batching afterwards"
     sidebar = page.get_by_test_id("stSidebar")
     sidebar.get_by_text(label, exact=True).click()  # the input itself is hidden under Streamlit's drawn box

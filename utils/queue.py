@@ -267,9 +267,10 @@ class LiveRun:
     views: list[RequestView] = field(default_factory=list)
     stopped: bool = False
     others_seen: bool = False
+    mode: str = "continuous"
 
     def __post_init__(self) -> None:
-        self.record = RunRecord("continuous", self.start)
+        self.record = RunRecord(self.mode, self.start)
         self.record.slots = self.slots
         self._by_id: dict[str, RequestView] = {}
         self.replays: dict[str, RunRecord] = {}  # mode -> the faster replay of the queue on a private batcher

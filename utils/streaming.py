@@ -12,7 +12,9 @@ from typing import Protocol
 
 from batching.engine.events import Event
 from batching.engine.params import RequestParams
+from batching.race import LaneStep
 from utils.queue import LiveRun, QueueItem, RequestView
+from utils.race_view import RaceRun
 
 # While streaming, answers are redrawn at most this often, and charts at most this often (and then only after
 # waiting 4x as long as they took to draw).
@@ -132,4 +134,90 @@ class Stream:
 
     def pause(self) -> float:
         """Seconds to sleep before the next tick, so answers are not redrawn more often than every interval."""
+        return max(0.0, self._last_text + self.text_every_s - self.clock())
+
+
+class RaceEnd(Protocol):
+    """The engine's word that a race is over (`batching.service.messages.RaceEnded`)."""
+
+    @property
+    def walls(self) -> tuple[tuple[str, float, float], ...]: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+class RaceSource(Protocol):
+    """What the loop needs of a race in the engine (`batching.service.RaceHandle`)."""
+
+    def poll(self, timeout: float = 0.0) -> Sequence[LaneStep | RaceEnd]: ...
+
+
+@dataclass(frozen=True)
+class RaceRedraw:
+    """What changed in a race since the last tick: answers by (lane, index on the page, view), and whether the
+    progress line and the lanes' charts are due."""
+
+    now: float
+    answers: list[tuple[str, int, RequestView]] = field(default_factory=list)
+    charts: bool = False
+    done: bool = False
+
+
+class RaceStream:
+    """One script run's view of a race: `tick()` until `RaceRedraw.done`, sleeping `pause()` in between.
+
+    Like `Stream`, a new script run makes a new `RaceStream` on the same `RaceRun` and picks up where it was.
+    """
+
+    def __init__(
+        self,
+        race: RaceRun,
+        source: RaceSource,
+        clock: Callable[[], float] = time.perf_counter,
+        text_every_s: float = TEXT_REDRAW_S,
+        chart_every_s: float = CHART_REDRAW_S,
+    ) -> None:
+        self.race = race
+        self.source = source
+        self.clock = clock
+        self.text_every_s = text_every_s
+        self.chart_every_s = chart_every_s
+        self._drawn = {
+            (mode, view.number): Stream._shown(view) for mode, lane in race.lanes.items() for view in lane.views
+        }
+        self._last_text = 0.0
+        self._next_chart = 0.0
+
+    def tick(self) -> RaceRedraw:
+        """Wait up to one text interval for lane steps and fold them in; say what to redraw."""
+        race = self.race
+        try:
+            messages = self.source.poll(timeout=self.text_every_s)
+        except RuntimeError as exc:  # the engine stopped: the race ends with its message
+            race.end((), str(exc))
+            messages = []
+        for message in messages:
+            if isinstance(message, LaneStep):
+                race.apply(message.mode, message.events, message.arrived, message.elapsed)
+            else:
+                race.end(message.walls, message.error)
+        now = self.clock()
+        answers = []
+        if now - self._last_text >= self.text_every_s or race.done:
+            self._last_text = now
+            for mode, lane in race.lanes.items():
+                for index, view in enumerate(lane.views):
+                    shown = Stream._shown(view)
+                    if self._drawn.get((mode, view.number)) != shown:
+                        self._drawn[(mode, view.number)] = shown
+                        answers.append((mode, index, view))
+        charts = now >= self._next_chart or race.done
+        return RaceRedraw(now, answers, charts=charts, done=race.done)
+
+    def charts_drawn(self, started: float) -> None:
+        """The page drew the charts of the tick at `started`: the next chart redraw waits in proportion."""
+        self._next_chart = started + max(self.chart_every_s, CHART_COST_FACTOR * (self.clock() - started))
+
+    def pause(self) -> float:
         return max(0.0, self._last_text + self.text_every_s - self.clock())
