@@ -1,0 +1,113 @@
+"""Does the page's race measure what the benchmark measures? Both, back to back, on the same workloads.
+
+`python -m batching.bench.race_check [--workloads seed-lab,customer-support] [--repeat 3] [--json FILE]`
+
+For each workload: the benchmark CLI's static and continuous runs (`batching.bench`, in this process, one torch
+thread), then the same queue raced as the page races it (an engine process, both lanes stepped in turn on their own
+clocks). It prints each side's speed-up of continuous over static (the median of `--repeat` runs) and how far apart
+they are. A script that prints figures, not a test: timings on a shared machine are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import transformers
+
+from batching.arrivals import Schedule
+from batching.bench.cli import benchmark, build_parser
+from batching.bench.workloads import load_workload
+from batching.engine.batcher import BatcherOptions
+from batching.engine.params import RequestParams
+from batching.service import EngineClient, EngineConfig, RaceHandle
+from batching.service.messages import RaceEnded
+from config.settings import Settings, load_settings
+from model.prompting import format_prompt
+from utils.log_setup import configure_logging
+
+RACE_TIMEOUT_S = 600.0
+
+
+def bench_speedup(workload: str, repeat: int) -> float:
+    """The benchmark CLI's speed-up (median runs, one torch thread, as the engine process runs a small model)."""
+    flags = ["--workload", workload, "--modes", "static,continuous", "--repeat", str(repeat), "--threads", "1"]
+    args = build_parser().parse_args([*flags, "--no-progress"])
+    return float(benchmark(args)["modes"]["continuous"]["speedup_vs_static"])
+
+
+def race_once(client: EngineClient, options: BatcherOptions, items: list, schedule: Schedule) -> dict[str, float]:
+    """One race to its end; each lane's wall time on its own clock."""
+    race: RaceHandle = client.start_race(options, items, schedule)
+    deadline = time.monotonic() + RACE_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            for message in race.poll(timeout=0.2):
+                if isinstance(message, RaceEnded):
+                    if message.error:
+                        raise RuntimeError(f"the race failed: {message.error}")
+                    return {mode: end - start for mode, start, end in message.walls}
+    finally:
+        race.close()
+    raise RuntimeError(f"the race did not end within {RACE_TIMEOUT_S:.0f} s")
+
+
+def race_speedup(client: EngineClient, settings: Settings, workload_name: str, repeat: int) -> float:
+    """The page's race on the workload (its batch size, its arrivals, the page's prompt format): median speed-up."""
+    workload = load_workload(workload_name)
+    options = BatcherOptions(
+        max_batch_size=workload.batch_size,
+        max_batched_tokens=settings.batching.max_batched_tokens,
+        policy=settings.batching.policy,
+        max_seq_len=settings.batching.max_seq_len,
+        max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
+    )
+    default_cap = settings.generation.max_new_tokens
+    template = (settings.prompt.system_prompt, settings.prompt.template)
+    items = [
+        (format_prompt(r.prompt, *template), RequestParams(r.max_new_tokens or default_cap), f"q{index}")
+        for index, r in enumerate(workload.requests)
+    ]
+    race_once(client, options, items[:2], Schedule.at_once(2))  # warm-up, as the benchmark does
+    speedups = []
+    for _ in range(repeat):
+        walls = race_once(client, options, items, workload.schedule())
+        speedups.append(walls["static"] / walls["continuous"])
+    return statistics.median(speedups)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m batching.bench.race_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="seed-lab,customer-support", help="comma list of built-in workloads")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per side; the median speed-up is shown")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat={args.repeat} is not allowed: must be >= 1")
+    configure_logging()
+    transformers.utils.logging.disable_progress_bar()
+    settings = load_settings()
+    client = EngineClient(EngineConfig(settings.model, settings.tokenizer, settings.engine), settings.limits)
+    rows = []
+    try:
+        for name in (w.strip() for w in args.workloads.split(",") if w.strip()):
+            bench = bench_speedup(name, args.repeat)
+            race = race_speedup(client, settings, name, args.repeat)
+            rows.append({"workload": name, "bench_speedup": bench, "race_speedup": race, "gap": race / bench - 1})
+    finally:
+        client.close()
+    print(f"{'workload':<18} {'bench speed-up':>15} {'race speed-up':>14} {'gap':>7}")
+    for row in rows:
+        print(f"{row['workload']:<18} {row['bench_speedup']:>14.2f}x {row['race_speedup']:>13.2f}x {row['gap']:>+7.1%}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
