@@ -668,8 +668,9 @@ def race_stream(
         redraw = streaming.tick()
         for mode, index, view in redraw.answers:
             draw_answer(view, answer_slots[index][mode])
-        if redraw.charts:
+        if redraw.answers or redraw.charts:  # one cheap line: kept in step with the answers
             progress_slot.markdown(race.progress_line())
+        if redraw.charts:
             race_charts(race, layout)
             streaming.charts_drawn(redraw.now)
         if redraw.done:

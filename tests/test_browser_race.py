@@ -64,9 +64,11 @@ def test_mid_race_both_lanes_stream_a_new_prompt_joins_both_and_stop_cancels_bot
     continuous, static = lane_texts(page)
     assert page.get_by_text("running ·").count() == 1, "the race ended before both lanes could be seen streaming"
     assert any(text.strip() for text in continuous) and any(text.strip() for text in static)
-    page.set_viewport_size({"width": 1440, "height": 2600})
+    page.set_viewport_size({"width": 1440, "height": 3200})  # tall enough for the answers without scrolling
+    page.wait_for_timeout(500)
+    box = main.get_by_text("2 · Answers, racing").bounding_box()
     screenshot = os.environ.get("BATCHSCOPE_RACE_SCREENSHOT") or str(tmp_path / "race.png")
-    main.screenshot(path=screenshot)
+    page.screenshot(path=screenshot, clip={"x": 300, "y": box["y"] - 10, "width": 1140, "height": 1400})
     page.set_viewport_size({"width": 1440, "height": 1000})
 
     add_prompt(page, "Can I pay with PayPal?")  # joins both lanes at the same clock time
