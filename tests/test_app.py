@@ -678,6 +678,8 @@ def test_a_race_charts_both_lanes_on_their_own_clocks(raced_app: AppTest) -> Non
     for record in runs.values():  # each lane's wall time is its clock at its last step
         assert record.start == pytest.approx(0.0, abs=0.01) and record.end == pytest.approx(record.steps[-1].end)
     assert race.elapsed == {mode: record.end for mode, record in runs.items()}
+    document = json.loads(export.to_json(runs, race.labels(), {}, {}))
+    assert document["runs"].keys() == {"continuous", "static"}
 
 
 def test_slow_motion_slows_the_race_on_the_page_but_not_its_clocks(tiny_env: Path) -> None:

@@ -86,6 +86,8 @@ def test_a_lane_clock_is_its_step_times_plus_its_idle_jumps_and_slow_motion_is_n
     wall = time.perf_counter() - started
     for lane in race.lanes.values():
         record = lane.run.record
+        arrivals = sorted(event.arrival - record.start for event in record.finished)
+        assert arrivals == pytest.approx(list(schedule.due), abs=0.005)  # the same arrival times on each clock
         stepping = sum(step.end - step.start for step in record.steps)
         assert lane.clock.slept > 0  # it waited for the 0.3 s and 0.6 s arrivals by jumping, not sleeping
         assert record.wall_s == pytest.approx(stepping + lane.clock.slept, rel=0.05, abs=0.01)
