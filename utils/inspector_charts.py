@@ -124,5 +124,5 @@ def mask_chart(frame: pd.DataFrame, stride: int, title: str = "") -> alt.Chart:
                 alt.Tooltip("kind:N", title="cell"),
             ],
         )
-        .properties(height=min(520, 100 + 14 * queries))
+        .properties(height=min(600, 170 + 14 * queries))  # title, axes and legend take about 170 px
     )
