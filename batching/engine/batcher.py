@@ -184,7 +184,7 @@ class Batcher:
                 self._release(request)
         if logits is None:
             return events
-        budget, mask = self.options.max_batched_tokens, self.runner.last_mask if self.options.step_detail else None
+        budget, mask = self.options.max_batched_tokens, self.runner.last_mask  # None without step detail
         end = self.clock()
         events.append(StepEvent(self.step_index, start, end, occupants, prefill, decode, held, rows, budget, mask))
         self.step_index += 1
