@@ -26,6 +26,7 @@ from batching.engine.params import RequestParams
 from tests.conftest import _save_tiny_models
 from tests.engine_helpers import loaded
 from tests.families import FAMILIES, WINDOW
+from utils.inspector_mask import mask_frame
 
 # Per forward pass: for each window a layer passed, the allowed cells of every packed row as attention got them.
 Seen = list[dict[int | None, list[torch.Tensor]]]
@@ -135,6 +136,8 @@ def test_a_sliding_window_models_masks_are_described_per_window(windowed, mode: 
     assert steps[0].mask.windows == (WINDOW, None)
     cut = [step for step in steps if (cell_kinds(step.mask, WINDOW) == OUTSIDE_WINDOW).any()]
     assert cut, "no step reached past the window"
+    kinds = {window: set(mask_frame(cut[0], {}, window)[0]["kind"]) for window in (WINDOW, None)}
+    assert "outside the window" in kinds[WINDOW] and "outside the window" not in kinds[None]
 
 
 def test_a_static_prefill_mask_by_hand(llama) -> None:
