@@ -87,9 +87,13 @@ def layer_windows(model: PreTrainedModel) -> tuple[int | None, ...]:
 
 def row_cells(row: MaskRow, window: int | None) -> torch.Tensor:
     """One row's own block, `[queries, kv_len]`, as cell kinds (ALLOWED, FUTURE, PADDING, OUTSIDE_WINDOW)."""
-    own = torch.arange(row.first_column, row.first_column + row.queries)[:, None]
-    columns = torch.arange(row.kv_len)[None, :]
-    cells = torch.full((row.queries, row.kv_len), ALLOWED, dtype=torch.int8)
+    own = torch.arange(row.first_column, row.first_column + row.queries)
+    return _kinds(row, window, own[:, None], torch.arange(row.kv_len)[None, :])
+
+
+def _kinds(row: MaskRow, window: int | None, own: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Cell kinds of queries at cache columns `own` [q, 1] over key columns `columns` [1, k], by the runner's rules."""
+    cells = torch.full((own.shape[0], columns.shape[1]), ALLOWED, dtype=torch.int8)
     if window is not None:
         cells[columns <= own - window] = OUTSIDE_WINDOW
     padded = columns < row.padding
@@ -103,13 +107,19 @@ def row_cells(row: MaskRow, window: int | None) -> torch.Tensor:
 def cell_kinds(mask: StepMask, window: int | None, stride: int = 1) -> torch.Tensor:
     """The step's whole mask, packed queries x every row's key columns side by side: `[queries, keys]` cell kinds.
 
-    A query sees its own row's block only (block-diagonal); `stride` > 1 keeps every stride-th query and key, for
-    a picture of a step too large to draw cell by cell.
+    A query sees its own row's block only (block-diagonal). `stride` > 1 keeps every stride-th query and key (only
+    those cells are computed), for a picture of a step too large to draw cell by cell.
     """
-    cells = torch.full((mask.queries, mask.keys), OTHER_ROW, dtype=torch.int8)
+    queries, keys = torch.arange(0, mask.queries, stride), torch.arange(0, mask.keys, stride)
+    cells = torch.full((len(queries), len(keys)), OTHER_ROW, dtype=torch.int8)
     query = key = 0
     for row in mask.rows:
-        cells[query : query + row.queries, key : key + row.kv_len] = row_cells(row, window)
+        # the sampled queries and keys of this row's block: a contiguous run of each
+        top, bottom = -(-query // stride), -(-(query + row.queries) // stride)
+        left, right = -(-key // stride), -(-(key + row.kv_len) // stride)
+        if top < bottom and left < right:
+            own = queries[top:bottom, None] - query + row.first_column
+            cells[top:bottom, left:right] = _kinds(row, window, own, keys[None, left:right] - key)
         query += row.queries
         key += row.kv_len
-    return cells[::stride, ::stride]
+    return cells
