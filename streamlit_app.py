@@ -593,9 +593,14 @@ def mask_section(record: RunRecord, number: int, mode: str, labels: dict[str, st
     if mask is None:
         st.info("This step carries no description of its attention mask.")
         return
-    window = mask.windows[0]
-    if len(mask.windows) > 1:
-        window = st.radio("Layers", mask.windows, horizontal=True, key=f"mask_window_{mode}", format_func=window_name)
+    windows = mask.windows
+    picked = 0
+    if len(windows) > 1:  # by index: None (full attention) would read as "nothing picked"
+        names = [window_name(window) for window in windows]
+        picked = st.radio(
+            "Layers", range(len(windows)), horizontal=True, key=f"mask_{mode}", format_func=names.__getitem__
+        )
+    window = windows[picked]
     frame, stride = mask_frame(record.steps[number], labels, window)
     if stride > 1:
         st.caption(
