@@ -39,7 +39,8 @@ from model.prompting import format_prompt
 from utils import charts, export
 from utils.charts import Owns
 from utils.inspector import WasteMeters, grid_frame, packed_tokens, step_rows_frame, waste_meters
-from utils.inspector_charts import GRID_CAPTION, packed_sequence_html, token_grid_chart
+from utils.inspector_charts import GRID_CAPTION, MASK_CAPTION, mask_chart, packed_sequence_html, token_grid_chart
+from utils.inspector_mask import mask_frame, padded_rectangle, window_name
 from utils.log_setup import configure_logging
 from utils.metrics import RunRecord, summarize
 from utils.plain_text import card_heading_html
@@ -723,6 +724,7 @@ def inspector_section(
         st.session_state[step_key] = picked[0] + 1  # the slider counts steps from 1
     number = st.slider("Step", 1, len(record.steps), key=step_key) if len(record.steps) > 1 else 1
     step_section(record.steps[number - 1], labels, decode)
+    mask_section(record, number - 1, mode, labels)
 
 
 def step_section(step: StepEvent, labels: dict[str, str], decode: Decode) -> None:
@@ -736,6 +738,40 @@ def step_section(step: StepEvent, labels: dict[str, str], decode: Decode) -> Non
         "in one sequence, so the linear layers compute real tokens only. Other users' tokens show as •."
     )
     st.html(packed_sequence_html(packed_tokens(step, labels, decode)))
+
+
+def mask_section(record: RunRecord, number: int, mode: str, labels: dict[str, str]) -> None:
+    """The attention mask of step `number` as the engine built it (per sliding window), and a static wave's padded
+    rectangle."""
+    mask = record.steps[number].mask
+    if mask is None:
+        st.info("This step carries no description of its attention mask.")
+        return
+    windows = mask.windows
+    picked = 0
+    if len(windows) > 1:  # by index: None (full attention) would read as "nothing picked"
+        names = [window_name(window) for window in windows]
+        picked = st.radio(
+            "Layers", range(len(windows)), horizontal=True, key=f"mask_{mode}", format_func=names.__getitem__
+        )
+    window = windows[picked]
+    frame, stride = mask_frame(record.steps[number], labels, window)
+    if stride > 1:
+        st.caption(
+            f"This step's mask has {mask.queries:,} queries × {mask.keys:,} keys: drawn at one query and one key in "
+            f"{stride}; hover a cell for the query and key it stands for."
+        )
+    title = f"step {number + 1}: attention mask ({window_name(window)} layers)"
+    st.altair_chart(mask_chart(frame, stride, title), width="stretch")
+    st.caption(MASK_CAPTION)
+    rectangle = padded_rectangle(record, number) if record.mode == "static" else None
+    if rectangle is not None:
+        st.markdown(
+            f"**Padded rectangle:** {rectangle.rows} rows × {rectangle.columns} columns = {rectangle.cells:,} cells "
+            f"in the wave's cache after this step; **{rectangle.padding:,} of them padding "
+            f"({rectangle.padding_share:.0%})**: left padding up to the longest prompt, and the padding tokens "
+            "finished members computed while they held their slot."
+        )
 
 
 # --- 5. the numbers ----------------------------------------------------------------------------------------------

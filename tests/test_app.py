@@ -19,10 +19,12 @@ import torch
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
+from batching.engine.mask_view import ALLOWED, cell_kinds
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from model.prompting import extract_answer
 from utils import charts, export
+from utils.inspector_mask import padded_rectangle
 from utils.metrics import summarize
 from utils.plain_text import card_heading_html
 from utils.queue import CURSOR, LiveRun
@@ -620,6 +622,14 @@ def test_the_inspector_shows_a_runs_grid_meters_and_the_step_picked(finished_app
     assert rows["tokens"].tolist() == [row.tokens for row in step.rows]
     packed = next(h.proto.body for h in finished_app.get("html") if "font-family:monospace" in h.proto.body)
     assert packed.count("<span title=") == sum(row.tokens + row.padding for row in step.rows)
+    # the step's attention mask, expanded from what the engine recorded, and the wave's padded rectangle
+    chart = next(c for c in finished_app.get("vega_lite_chart") if "packed queries" in c.proto.spec)
+    cells = convert_arrow_bytes_to_pandas_df(chart.proto.datasets[0].data.data)
+    assert len(cells) == step.mask.queries * step.mask.keys
+    assert (cells["kind"] == "allowed").sum() == (cell_kinds(step.mask, None) == ALLOWED).sum()
+    rectangle = next(m.value for m in finished_app.markdown if "Padded rectangle" in m.value)
+    expected = padded_rectangle(static, 1)
+    assert f"{expected.padding:,} of them padding" in rectangle and expected.padding > 0
 
 
 def test_the_comparison_table_and_the_export_carry_the_waste_meters(finished_app: AppTest) -> None:

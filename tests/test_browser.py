@@ -14,6 +14,7 @@ import pytest
 from tests.browser_helpers import BROWSER_MARKS, IDLE, add_prompt, new_page, use_shared_engine
 
 pytestmark = BROWSER_MARKS
+GRID = 6  # the token grid's place among the page's charts: after 3 charts x (continuous, static)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,8 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
     page.wait_for_selector(IDLE)
     assert page.get_by_test_id("stText").filter(has_text="▌").count() == 0
     assert page.get_by_text("finished · 12 of 12 done").count() == 1
-    assert page.get_by_test_id("stVegaLiteChart").count() == 7  # 3 charts x (continuous, static), the token grid
+    # 3 charts x (continuous, static), the token grid, the picked step's attention mask
+    assert page.get_by_test_id("stVegaLiteChart").count() == 8
     texts = page.get_by_test_id("stText").all_inner_texts()
     assert len(texts) == 12 and sum(1 for text in texts if text.strip()) >= 11
     assert page.get_by_test_id("stMain").get_by_role("button", name="Everything (JSON)").count() == 1
@@ -105,18 +107,18 @@ def test_a_click_on_the_token_grid_opens_that_step_in_the_inspector(page, record
     shown = time.perf_counter()
     main.get_by_text("static (replay)").click()
     page.wait_for_selector(IDLE)
-    grid = main.get_by_test_id("stVegaLiteChart").last
+    grid = main.get_by_test_id("stVegaLiteChart").nth(GRID)
     grid.locator("canvas, svg").first.wait_for()
     draw_s = time.perf_counter() - shown
     record_property("grid_draw_s", round(draw_s, 3))
     print(f"\nthe static run's token grid drew {draw_s:.2f} s after picking it")
-    slider = main.get_by_test_id("stSliderThumbValue")
+    slider = main.get_by_role("group", name="Step").get_by_test_id("stSliderThumbValue")
     assert slider.inner_text() == "1"
     picked = 1
     for _ in range(3):  # Streamlit may swap the chart's element once after its first draw: click again if so
         page.wait_for_timeout(1000)
         page.wait_for_selector(IDLE)
-        grid = main.get_by_test_id("stVegaLiteChart").last
+        grid = main.get_by_test_id("stVegaLiteChart").nth(GRID)
         grid.scroll_into_view_if_needed()
         box = grid.bounding_box()
         page.mouse.click(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.3)  # a cell of a later step
@@ -127,13 +129,25 @@ def test_a_click_on_the_token_grid_opens_that_step_in_the_inspector(page, record
             break
     assert picked > 1, "the click did not move the inspector to another step"
     assert main.get_by_text("tokens packed into this step").count() == 1
-    page.set_viewport_size({"width": 1440, "height": 2000})
+    # the picked step's attention mask is drawn under it, with the static wave's padded rectangle
+    mask = main.get_by_test_id("stVegaLiteChart").nth(GRID + 1)
+    mask.locator("canvas, svg").first.wait_for()
+    assert main.get_by_text("The attention mask the engine built for this step").count() == 1
+    assert main.get_by_text("Padded rectangle:").count() == 1
+    main.get_by_role("slider").focus()  # back to the first step, the wave's padded prefill, for the screenshot
+    page.keyboard.press("Home")
+    page.wait_for_timeout(500)
+    page.wait_for_selector(IDLE)
+    assert slider.inner_text() == "1"
+    page.set_viewport_size({"width": 1440, "height": 3000})
     page.wait_for_timeout(1000)
     heading = main.get_by_text("4 · Inside the steps")
-    heading.scroll_into_view_if_needed()
+    heading.evaluate("element => element.scrollIntoView({block: 'start'})")  # the section from the top down
+    page.wait_for_timeout(500)
     screenshot = os.environ.get("BATCHSCOPE_INSPECTOR_SCREENSHOT") or str(tmp_path / "inspector.png")
-    box = heading.bounding_box()
-    page.screenshot(path=screenshot, clip={"x": 300, "y": box["y"] - 10, "width": 1140, "height": 1300})
+    box, end = heading.bounding_box(), main.get_by_text("Padded rectangle:").bounding_box()
+    height = end["y"] + end["height"] + 50 - (box["y"] - 10)  # from the heading down to the padded rectangle (2 lines)
+    page.screenshot(path=screenshot, clip={"x": 300, "y": box["y"] - 10, "width": 1140, "height": height})
     page.set_viewport_size({"width": 1440, "height": 1000})
 
 

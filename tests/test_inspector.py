@@ -9,11 +9,13 @@ import pytest
 from batching.arrivals import Schedule
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import RowKind, StepEvent
+from batching.engine.mask_view import ALLOWED, cell_kinds
 from batching.engine.params import RequestParams
 from batching.runs import RunRecord, ScheduledRun
 from tests.engine_helpers import loaded
 from utils.inspector import IDLE, PADDING, grid_frame, packed_tokens, step_rows_frame, waste_meters
-from utils.inspector_charts import token_grid_chart
+from utils.inspector_charts import mask_chart, token_grid_chart
+from utils.inspector_mask import mask_frame, padded_rectangle
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +157,31 @@ def test_the_benchmark_plot_gains_a_token_grid_per_mode(llama) -> None:
         "static: what each slot did",
         "continuous: what each slot did",
     ]
+
+
+def test_a_static_waves_padded_rectangle_counts_left_padding_and_held_padding(llama) -> None:
+    run, _ = _run(llama, "static", [[5, 6, 7], [8, 9, 10, 11, 12]], [2, 4], max_batch_size=2)
+    shapes = [padded_rectangle(run, number) for number in range(len(run.steps))]
+    # 2 rows: 5 columns after the prefill (2 of them left padding), then one column per step; the first request
+    # is done after 2 steps and computes a padding token in each of the last two
+    assert [(r.rows, r.columns, r.padding) for r in shapes] == [(2, 5, 2), (2, 6, 2), (2, 7, 3), (2, 8, 4)]
+    assert shapes[-1].padding == waste_meters(run).padding_tokens and shapes[0].padding_share == 0.2
+
+
+def test_the_mask_frame_labels_queries_and_keys_and_samples_big_steps(llama) -> None:
+    run, _ = _run(llama, "static", [[5, 6, 7], [8, 9, 10, 11, 12]], [2, 4], max_batch_size=2)
+    labels = {"q0": "#1", "q1": "#2"}
+    frame, stride = mask_frame(run.steps[0], labels, None)
+    assert stride == 1 and len(frame) == 10 * 10
+    first = frame[frame["query"] == 2].iloc[0]  # the first real token of #1, after 2 columns of padding
+    assert first["query_token"] == "#1 · position 0" and first["kind"] == "padding"
+    assert frame[frame["query"] == 0]["query_token"].iloc[0] == "#1 · padding"
+    assert frame[(frame["query"] == 5) & (frame["key"] == 5)]["key_column"].iloc[0] == "#2 · column 0"
+    kinds = cell_kinds(run.steps[0].mask, None)
+    assert (frame["kind"] == "allowed").sum() == (kinds == ALLOWED).sum() == 2 + 6 + 15  # pads see themselves
+    sampled, stride = mask_frame(run.steps[0], labels, None, limit=30)
+    assert stride == 2 and len(sampled) == 5 * 5 <= 30
+    every_other = ["#1 · padding", "#1 · position 0", "#1 · position 2", "#2 · position 1", "#2 · position 3"]
+    assert sampled["query_token"].tolist()[::5] == every_other
+    spec = mask_chart(sampled, stride).to_dict()
+    assert "(1 in 2)" in spec["encoding"]["y"]["title"]

@@ -1,4 +1,4 @@
-"""Drawings of the step inspector: the token grid (slots x steps) and one step's packed sequence."""
+"""Drawings of the step inspector: the token grid (slots x steps), one step's packed sequence and its attention mask."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import altair as alt
 import pandas as pd
 
+from batching.engine.mask_view import CELL_NAMES
 from utils.inspector import CELL_KINDS
 from utils.plain_text import isolated_html
 
@@ -87,3 +88,41 @@ def packed_sequence_html(sequence: Sequence[tuple[str, str]], limit: int = 600) 
         for label, colour in colours.items()
     )
     return f'<div style="line-height:1.9;font-family:monospace">{"".join(chips)}{more}</div><div>{legend}</div>'
+
+
+# allowed, future, another row, padding, outside the window (padding red as in the grid).
+_MASK_COLORS = ["#2563eb", "#e5e7eb", "#f8fafc", "#ef4444", "#a855f7"]
+
+MASK_CAPTION = (
+    "The attention mask the engine built for this step: one line per packed query (in packed order), one column per "
+    "key of each row's cache, row after row. Blue = attended; a query never sees another row's keys (the block "
+    "diagonal), keys after itself (causal), padding, or keys beyond a sliding window."
+)
+
+
+def mask_chart(frame: pd.DataFrame, stride: int, title: str = "") -> alt.Chart:
+    """A heat-map of one step's mask: packed queries (y) x each row's key columns (x), coloured by cell kind."""
+    sampled = "" if stride == 1 else f" (1 in {stride})"
+    queries = int(frame["query"].max()) + 1 if len(frame) else 1
+    return (
+        alt.Chart(frame, title=title)
+        .mark_rect()
+        .encode(
+            x=alt.X(
+                "key:O", title=f"keys: each row's cache columns{sampled}", axis=alt.Axis(labels=False, ticks=False)
+            ),
+            y=alt.Y("query:O", title=f"packed queries{sampled}", axis=alt.Axis(labels=False, ticks=False)),
+            color=alt.Color(
+                "kind:N",
+                title="cell",
+                scale=alt.Scale(domain=list(CELL_NAMES), range=_MASK_COLORS),
+                legend=alt.Legend(orient="bottom"),
+            ),
+            tooltip=[
+                alt.Tooltip("query_token:N", title="query"),
+                alt.Tooltip("key_column:N", title="key"),
+                alt.Tooltip("kind:N", title="cell"),
+            ],
+        )
+        .properties(height=min(600, 170 + 14 * queries))  # title, axes and legend take about 170 px
+    )

@@ -117,6 +117,7 @@ class Batcher:
             pad_token_id=pad_token_id,
             max_position=context - 1,
         )
+        self.runner.describe_masks = options.step_detail
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.slots: list[Request | None] = [None] * options.max_batch_size
         self.running: dict[str, Request] = {}
@@ -183,8 +184,9 @@ class Batcher:
                 self._release(request)
         if logits is None:
             return events
-        budget = self.options.max_batched_tokens
-        events.append(StepEvent(self.step_index, start, self.clock(), occupants, prefill, decode, held, rows, budget))
+        budget, mask = self.options.max_batched_tokens, self.runner.last_mask  # None without step detail
+        end = self.clock()
+        events.append(StepEvent(self.step_index, start, end, occupants, prefill, decode, held, rows, budget, mask))
         self.step_index += 1
         return events
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from batching.engine.mask_view import StepMask
 from batching.engine.request import FinishReason
 
 
@@ -94,6 +95,7 @@ class StepEvent:
     `slots[k]` is the id of the request in slot k, or None when the slot was idle. A static wave's finished
     members still hold their slot (computing padding) until the wave ends: they are listed in `idle_held`.
     `rows` says what each row computed (the packed batch, in order); the step inspector and waste meters read it.
+    `mask` describes the attention masks the runner built for it (its rows with new tokens, in the same order).
     """
 
     index: int
@@ -105,6 +107,7 @@ class StepEvent:
     idle_held: tuple[str, ...] = ()
     rows: tuple[StepRow, ...] = ()  # in packed order; empty when the batcher does not record them
     token_budget: int = 0  # the scheduler's max tokens per step (0: unknown)
+    mask: StepMask | None = None  # None when the batcher does not record step detail
 
     @property
     def active(self) -> int:

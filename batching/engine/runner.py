@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 
 from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, RowMask, use_packed_attention
 from batching.engine.kv_cache import SlotKVCache, StepPlan
+from batching.engine.mask_view import StepMask, describe_step, layer_windows
 from batching.engine.model_support import check_supported
 
 
@@ -38,6 +39,9 @@ class ModelRunner:
         # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
         self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         use_packed_attention(model)
+        self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
+        self.last_mask: StepMask | None = None
+        self.windows = layer_windows(model)
 
     # --- cache rows: the runner is the only way into the cache -------------------------------------------------
     def claim(self, request_id: str) -> int:
@@ -99,6 +103,8 @@ class ModelRunner:
             write_columns=torch.tensor(write_columns, device=device),
         )
         plan = self._plan(rows, len(input_ids), singles, chunks)
+        if self.describe_masks:
+            self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
         output = self.model(
             input_ids=torch.tensor([input_ids], device=device),
             position_ids=torch.tensor([positions], device=device),

@@ -1,0 +1,125 @@
+"""A compact description of the attention masks a step's plan really built, and its expansion to a dense matrix.
+
+The runner builds boolean masks per row (`runner._plan`) and attention narrows them per layer's sliding window
+(`RowMask.additive`). Copying those tensors out every step would cost more than the step's bookkeeping, so the
+runner records only the few integers they were built from (`describe_step`); `cell_kinds` rebuilds every cell from
+them with the same rules, and tests/test_mask_view.py checks it against the tensors attention actually received.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from batching.engine.attention import PackedPlan
+from batching.engine.model_support import probe_attention
+
+# What one cell (query x key column) of a step's mask is, in legend order.
+ALLOWED, FUTURE, OTHER_ROW, PADDING, OUTSIDE_WINDOW = range(5)
+CELL_NAMES = ("allowed", "future (causal)", "another row", "padding", "outside the window")
+
+
+@dataclass(frozen=True)
+class MaskRow:
+    """One row's queries in one step: `queries` consecutive cache columns from `first_column`, over `kv_len` keys.
+
+    Columns `[0, padding)` of the row hold left padding (blocked). `batched`: the row went through the one batched
+    call of single-token rows (its `kv_len` is that call's, the longest such row's); otherwise it had its own call,
+    where a padding query still attends to itself (a softmax row is never empty).
+    """
+
+    row: int
+    first_column: int
+    queries: int
+    kv_len: int
+    padding: int
+    batched: bool
+
+
+@dataclass(frozen=True)
+class StepMask:
+    """The masks of one forward pass: its rows in packed order, and the model's distinct sliding windows (None: full
+    attention), each layer using one of them."""
+
+    rows: tuple[MaskRow, ...]
+    windows: tuple[int | None, ...]
+
+    @property
+    def queries(self) -> int:
+        return sum(row.queries for row in self.rows)
+
+    @property
+    def keys(self) -> int:
+        return sum(row.kv_len for row in self.rows)
+
+
+def describe_step(
+    plan: PackedPlan,
+    singles: Sequence[tuple[int, int]],
+    first_columns: Sequence[int],
+    padding: Sequence[int],
+    windows: tuple[int | None, ...],
+) -> StepMask:
+    """The runner's step, from its plan and what the plan was built from: `singles` (row, packed index), each
+    row's first new column and its padding columns (read before the step writes). A few integers per row."""
+    kv_len = plan.single_kv_len
+    placed = [(index, MaskRow(row, first_columns[row], 1, kv_len, padding[row], True)) for row, index in singles]
+    placed += [
+        (
+            chunk.start,
+            MaskRow(
+                chunk.row, first_columns[chunk.row], chunk.end - chunk.start, chunk.kv_len, padding[chunk.row], False
+            ),
+        )
+        for chunk in plan.chunks
+    ]
+    placed.sort(key=lambda item: item[0])
+    return StepMask(tuple(row for _, row in placed), windows)
+
+
+def layer_windows(model: PreTrainedModel) -> tuple[int | None, ...]:
+    """The model's distinct sliding windows in layer order (None: a full-attention layer), as its layers pass them."""
+    return tuple(dict.fromkeys(layer.sliding_window for layer in probe_attention(model)))
+
+
+def row_cells(row: MaskRow, window: int | None) -> torch.Tensor:
+    """One row's own block, `[queries, kv_len]`, as cell kinds (ALLOWED, FUTURE, PADDING, OUTSIDE_WINDOW)."""
+    own = torch.arange(row.first_column, row.first_column + row.queries)
+    return _kinds(row, window, own[:, None], torch.arange(row.kv_len)[None, :])
+
+
+def _kinds(row: MaskRow, window: int | None, own: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Cell kinds of queries at cache columns `own` [q, 1] over key columns `columns` [1, k], by the runner's rules."""
+    cells = torch.full((own.shape[0], columns.shape[1]), ALLOWED, dtype=torch.int8)
+    if window is not None:
+        cells[columns <= own - window] = OUTSIDE_WINDOW
+    padded = columns < row.padding
+    if not row.batched:
+        padded = padded & (columns != own)
+    cells[padded] = PADDING
+    cells[columns > own] = FUTURE
+    return cells
+
+
+def cell_kinds(mask: StepMask, window: int | None, stride: int = 1) -> torch.Tensor:
+    """The step's whole mask, packed queries x every row's key columns side by side: `[queries, keys]` cell kinds.
+
+    A query sees its own row's block only (block-diagonal). `stride` > 1 keeps every stride-th query and key (only
+    those cells are computed), for a picture of a step too large to draw cell by cell.
+    """
+    queries, keys = torch.arange(0, mask.queries, stride), torch.arange(0, mask.keys, stride)
+    cells = torch.full((len(queries), len(keys)), OTHER_ROW, dtype=torch.int8)
+    query = key = 0
+    for row in mask.rows:
+        # the sampled queries and keys of this row's block: a contiguous run of each
+        top, bottom = -(-query // stride), -(-(query + row.queries) // stride)
+        left, right = -(-key // stride), -(-(key + row.kv_len) // stride)
+        if top < bottom and left < right:
+            own = queries[top:bottom, None] - query + row.first_column
+            cells[top:bottom, left:right] = _kinds(row, window, own, keys[None, left:right] - key)
+        query += row.queries
+        key += row.kv_len
+    return cells
