@@ -709,3 +709,10 @@ def test_slow_motion_slows_the_race_on_the_page_but_not_its_clocks(tiny_env: Pat
     real, steps, clocks = measured[40]
     assert real >= 0.04 * (steps - 1)  # the page really went step by step
     assert clocks < 2.0 * measured[0][2]  # and neither clock counted the pauses
+
+
+def test_a_race_lane_opens_in_the_inspector_with_its_mask_and_the_static_padded_rectangle(raced_app: AppTest) -> None:
+    raced_app.radio(key="inspect_run").set_value("static").run()
+    assert not raced_app.exception
+    assert any("Padded rectangle" in m.value for m in raced_app.markdown)
+    assert any("attention mask" in str(c.proto.spec).lower() for c in raced_app.get("vega_lite_chart"))
