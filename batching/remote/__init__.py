@@ -2,7 +2,7 @@
 next to the server's own telemetry (vLLM, SGLang, TGI, llama.cpp, transformers serve, ours)."""
 
 from batching.remote.dispatch import MODES, SAMPLE_EVERY_S, UNKNOWN_TOKEN, Mode, RemoteRun, RunSetup, Submitted
-from batching.remote.endpoint import Endpoint, RemoteError, fetch_model, parse_url
+from batching.remote.endpoint import Endpoint, RemoteError, endpoint_from_settings, fetch_model, parse_url
 from batching.remote.poller import TelemetryPoller
 from batching.remote.stream import APIS, Api
 from batching.remote.telemetry import ENGINES, Telemetry, TelemetrySample, parse_metrics, parse_slots
@@ -23,6 +23,7 @@ __all__ = [
     "Telemetry",
     "TelemetryPoller",
     "TelemetrySample",
+    "endpoint_from_settings",
     "fetch_model",
     "parse_metrics",
     "parse_slots",

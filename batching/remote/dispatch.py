@@ -25,7 +25,7 @@ from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.remote.endpoint import Endpoint, describe_failure
-from batching.remote.poller import TelemetryPoller
+from batching.remote.poller import POLL_EVERY_S, TelemetryPoller
 from batching.remote.stream import Api, RemoteRequest, request_body, stream_answer
 from batching.remote.telemetry import TelemetrySample
 from batching.runs import RunRecord
@@ -90,8 +90,9 @@ class RemoteRun:
         start: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
         sample_every_s: float = SAMPLE_EVERY_S,
-        poll_telemetry: bool = True,
+        telemetry_every_s: float | None = POLL_EVERY_S,
     ) -> None:
+        """`telemetry_every_s` None: no telemetry polling (the server's own view is not wanted)."""
         self.setup = setup
         self.clock = clock
         self.sample_every_s = sample_every_s
@@ -109,7 +110,9 @@ class RemoteRun:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
-        self.poller = TelemetryPoller(setup.endpoint, clock=clock).start() if poll_telemetry else None
+        self.poller = (
+            TelemetryPoller(setup.endpoint, telemetry_every_s, clock).start() if telemetry_every_s is not None else None
+        )
         self._thread = threading.Thread(target=self._thread_main, name="batchscope-remote", daemon=True)
         self._thread.start()
         self._ready.wait(10)

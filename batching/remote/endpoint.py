@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 import httpx2
 
+from config.settings import RemoteSettings
+
 _API_SUFFIXES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1")
 
 
@@ -38,6 +40,17 @@ class Endpoint:
 
     def timeout(self) -> httpx2.Timeout:
         return httpx2.Timeout(self.read_timeout_s, connect=self.connect_timeout_s)
+
+
+def endpoint_from_settings(settings: RemoteSettings, url: str, api_key: str | None = None) -> Endpoint:
+    """The endpoint at `url` (typed or from the settings) with the settings' timeouts; RemoteError if the URL is bad."""
+    return Endpoint(
+        parse_url(url),
+        api_key or None,
+        settings.connect_timeout_s,
+        settings.read_timeout_s,
+        settings.request_timeout_s,
+    )
 
 
 def parse_url(text: str) -> str:

@@ -66,7 +66,7 @@ class TelemetryPoller:
         telemetry: Telemetry | None = None
         if self.metrics_available:
             text = self._get(client, "/metrics", "metrics_available")
-            if text is not None:
+            if isinstance(text, str):
                 try:
                     telemetry = parse_metrics(text)
                 except ValueError:

@@ -81,9 +81,9 @@ async def stream_answer(
                     break
                 chunk = _decode(event.data, endpoint)
                 for choice in chunk.get("choices") or ():
-                    text = choice.get("text") if api == "completions" else (choice.get("delta") or {}).get("content")
-                    if text:
-                        on_text(text)
+                    piece = choice.get("text") if api == "completions" else (choice.get("delta") or {}).get("content")
+                    if piece:
+                        on_text(str(piece))
                     finish = choice.get("finish_reason") or finish
                 usage = chunk.get("usage") or usage
         except httpx2.SSEError:
