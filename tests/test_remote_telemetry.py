@@ -63,7 +63,7 @@ def test_llamacpp_slots_count_busy_slots_and_stand_for_running_without_metrics()
 
 
 def test_a_slots_answer_of_another_shape_is_refused() -> None:
-    with pytest.raises(ValueError, match="not a llama.cpp /slots answer"):
+    with pytest.raises(ValueError, match=r"not a llama\.cpp /slots answer"):
         parse_slots({"error": {"code": 501, "message": "This server does not support slots endpoint."}})
 
 
