@@ -126,6 +126,7 @@ class RemoteSettings(BaseModel):
 
     url: str | None = Field(None, min_length=1, description="e.g. http://gpu-box:8000; the page's default address")
     api_key: str | None = Field(None, min_length=1, description="sent as `Authorization: Bearer <key>`")
+    model: str | None = Field(None, min_length=1, description="model id to request; default: the first of /v1/models")
     api: Literal["completions", "chat"] = Field("completions", description="/v1/completions or /v1/chat/completions")
     connect_timeout_s: float = Field(5.0, gt=0, le=600, description="longest wait to connect")
     read_timeout_s: float = Field(60.0, gt=0, le=3600, description="longest wait for the next bytes of an answer")

@@ -134,4 +134,6 @@ def fetch_model(endpoint: Endpoint) -> str:
         models = answer.json()["data"]
         return str(models[0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):
-        raise RemoteError(f"{endpoint.api}/models listed no model: is this an OpenAI-compatible server?") from None
+        raise RemoteError(
+            f"{endpoint.api}/models lists no model: type the model's name (BATCHSCOPE_REMOTE__MODEL)"
+        ) from None
