@@ -4,14 +4,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +21,7 @@ from batching.remote import Endpoint, RemoteError, RemoteRun, RunSetup, fetch_mo
 from batching.runs import RunRecord
 from model.prompting import format_prompt
 from tests.browser_helpers import free_port
+from tests.remote_helpers import our_server
 from utils import charts, export
 from utils.metrics import summarize
 
@@ -43,42 +40,6 @@ QUESTIONS = [
 CAPS = [8, 48, 12, 40, 10, 32, 16, 24]
 LANES = 4
 RUN_TIMEOUT_S = 120
-
-
-@contextlib.contextmanager
-def _our_server(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m batching.serve` on a free port in its own process group (the engine process is its child)."""
-    port = free_port()
-    log_path = tmp_path / f"serve-{port}.log"
-    environment = {**os.environ, "BATCHSCOPE_MODEL__DEVICE": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "batching.serve", "--port", str(port), "--log-level", "warning"],
-            cwd=ROOT,
-            env=environment,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as answer:
-                if answer.status == 200:
-                    break
-            assert time.monotonic() < deadline, "the server did not start in 90 s"
-            time.sleep(0.3)
-        yield url, process
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def _run(endpoint: Endpoint, model: str, mode: str, caps: list[int], lanes: int = LANES, **kwargs: object) -> RemoteRun:
@@ -104,7 +65,7 @@ def _in_flight_at_most(record: RunRecord) -> int:
 
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with _our_server(tmp_path_factory.mktemp("remote-ours")) as (url, _):
+    with our_server(tmp_path_factory.mktemp("remote-ours")) as (url, _):
         yield url
 
 
@@ -194,7 +155,7 @@ def test_a_wrong_port_fails_each_request_with_one_message_and_nothing_hangs() ->
 
 
 def test_a_wrong_key_is_refused_with_its_message_and_the_right_key_works(tmp_path: Path) -> None:
-    with _our_server(tmp_path, {"BATCHSCOPE_SERVER__API_KEY": "sesame"}) as (url, _):
+    with our_server(tmp_path, {"BATCHSCOPE_SERVER__API_KEY": "sesame"}) as (url, _):
         wrong = Endpoint(url, api_key="guess")
         with pytest.raises(RemoteError, match=r"refused the API key \(HTTP 401\)"):
             fetch_model(wrong)
@@ -206,7 +167,7 @@ def test_a_wrong_key_is_refused_with_its_message_and_the_right_key_works(tmp_pat
 
 
 def test_a_server_stopped_mid_run_ends_each_answer_with_a_message_and_the_run_finishes(tmp_path: Path) -> None:
-    with _our_server(tmp_path) as (url, process):
+    with our_server(tmp_path) as (url, process):
         endpoint = Endpoint(url, connect_timeout_s=2, read_timeout_s=5)
         run = RemoteRun(RunSetup(endpoint, "builtin", 2, "continuous"))
         for question in QUESTIONS[:4]:
