@@ -18,6 +18,7 @@ from batching.engine.events import TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.remote import Endpoint, RemoteError, RemoteRun, RunSetup, fetch_model, parse_url
+from batching.remote.stream import RemoteRequest, request_body
 from batching.runs import RunRecord
 from model.prompting import format_prompt
 from tests.browser_helpers import free_port
@@ -235,3 +236,21 @@ def test_transformers_serve_runs_both_modes_with_every_answer_and_reports_no_tel
             assert _in_flight_at_most(run.record) == LANES
             assert run.telemetry() == []  # no /metrics, no /slots: the page says "not reported"
             assert run.poller is not None and not run.poller.metrics_available and not run.poller.slots_available
+
+
+def test_the_chat_api_sends_the_system_prompt_and_the_question_as_messages(ours: str) -> None:
+    body = request_body(
+        RemoteRequest("formatted", 5, question="Do you ship abroad?", system_prompt=SYSTEM), "m", "chat"
+    )
+    assert body["messages"] == [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Do you ship abroad?"},
+    ]
+    assert "prompt" not in body and body["stream_options"] == {"include_usage": True}
+    run = RemoteRun(RunSetup(Endpoint(ours), "builtin", 2, "continuous", "chat", SYSTEM), telemetry_every_s=None)
+    for question in QUESTIONS[:3]:
+        run.submit(question, RequestParams(6))
+    run.close()
+    run.join(RUN_TIMEOUT_S)
+    finished = run.record.finished
+    assert len(finished) == 3 and all(e.error is None and 1 <= e.output_tokens <= 6 and e.text for e in finished)
