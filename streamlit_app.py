@@ -7,9 +7,10 @@ one client; `utils/` turns its events into the queue view, frames, charts and fi
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 import streamlit as st
@@ -22,6 +23,17 @@ from batching.engine.builder import RequestBuilder
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.model_support import UnsupportedModelError
 from batching.engine.params import RequestParams, SamplingParams
+from batching.remote import (
+    APIS,
+    SAMPLE_EVERY_S,
+    Api,
+    Endpoint,
+    RemoteError,
+    RemoteRun,
+    RunSetup,
+    endpoint_from_settings,
+    fetch_model,
+)
 from batching.serve.server import BackgroundServer, start_background
 from batching.service import EngineClient, EngineConfig, RaceHandle, Session, engine_options
 from config.settings import (
@@ -47,6 +59,8 @@ from utils.plain_text import card_heading_html
 from utils.queue import REPLAY_ORDER, Check, LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
 from utils.race_view import LANE_NAMES, RaceRun
 from utils.streaming import RaceStream, Stream, join_new_items
+from utils.telemetry_charts import CAPTION as TELEMETRY_CAPTION
+from utils.telemetry_charts import reported_line, telemetry_chart, telemetry_frame, telemetry_table
 
 DEFAULT_EXAMPLE = "customer-support"
 INTRO = (
@@ -133,8 +147,11 @@ class Page:
     builder: RequestBuilder
     choices: Choices
     options: BatcherOptions
+    remote: RemoteChoice | None = None  # a remote server to run the queue on instead of the built-in engine
 
     def formatted(self, prompt: str) -> str:
+        if self.remote is not None and self.remote.api == "chat":  # the server applies its own chat template
+            return prompt
         return format_prompt(prompt, self.choices.system_prompt, self.settings.prompt.template)
 
     def check_prompt(self, prompt: str, cap: int) -> None:
@@ -189,18 +206,25 @@ def model_or_stop(settings: Settings) -> EngineClient:
         st.stop()
 
 
-def sidebar(settings: Settings) -> Choices:
-    """How the engine runs: slots, policy, sampling, system prompt, arrivals, comparison."""
+def sidebar(settings: Settings, remote: bool = False) -> Choices:
+    """How the engine runs: race or shared, slots, policy, sampling, system prompt, arrivals, comparison (a remote
+    server runs the queue continuously, then in static waves: no race there)."""
     gen = settings.generation
     with st.sidebar:
         st.header("Run")
-        run_mode: str = st.radio(
-            "Run the queue as",
-            list(RUN_MODES),
-            format_func=RUN_MODES.__getitem__,
-            key="run_mode",
-            help="The race runs your queue on a continuous and a static batcher of your own, side by side. The "
-            "shared engine batches your prompts with everyone else's, then replays them to compare.",
+        if remote:
+            st.caption("On a remote server: continuous (up to N requests in flight), then static waves of N.")
+        run_mode: str = (
+            "remote"
+            if remote
+            else st.radio(
+                "Run the queue as",
+                list(RUN_MODES),
+                format_func=RUN_MODES.__getitem__,
+                key="run_mode",
+                help="The race runs your queue on a continuous and a static batcher of your own, side by side. The "
+                "shared engine batches your prompts with everyone else's, then replays them to compare.",
+            )
         )
         race = run_mode == "race"
         pause_ms = (
@@ -361,6 +385,9 @@ def on_stop() -> None:
 def start_run(page: Page, queue: PromptQueue) -> None:
     """Plan every queued prompt with its arrival time; the streaming loop submits them when due."""
     state = st.session_state
+    if page.remote is not None and len(queue):
+        start_remote_run(page, queue)
+        return
     if not len(queue):
         state.queue_message = "the queue is empty: add a prompt or load an example first"
         return
@@ -821,6 +848,318 @@ def export_section(runs: dict[str, RunRecord], run: LiveRun, setup: dict) -> Non
     c3.download_button("Everything (JSON)", json_doc, "batchscope-run.json", "application/json", on_click="ignore")
 
 
+# --- a remote server instead of the built-in engine ------------------------------------------------------------
+REMOTE_NOTE = (
+    "Remote server: every time here is measured by this page's client, so it includes the network and whatever "
+    "else the server is doing for other clients. The server batches as it likes; continuous keeps up to N requests "
+    "in flight, static sends waves of N and waits for each wave's slowest answer (N = the batch size slider)."
+)
+REMOTE_STATIC_AFTER = "The same queue sent again in waves of N (static batching from the client), after the live run."
+REMOTE_CAPTIONS = {
+    "occupancy": (
+        f"Requests this page had in flight, sampled every {SAMPLE_EVERY_S:g} s; the dashed line is N. Amber: answers "
+        "already finished but still holding their place in a static wave."
+    ),
+    "latency": charts.CAPTIONS["latency"],
+    "timeline": "One row per client lane (a request in flight), one bar per request holding it.",
+    "server": TELEMETRY_CAPTION,
+}
+REMOTE_ROWS = ("occupancy", "latency", "timeline", "server")
+
+
+@dataclass(frozen=True)
+class RemoteChoice:
+    """The remote server chosen in the sidebar: where, which model and API, or the one line saying what is wrong."""
+
+    endpoint: Endpoint | None
+    model: str | None
+    api: Api
+    telemetry_every_s: float
+    problem: str | None = None
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def served_model(endpoint: Endpoint) -> tuple[str | None, str | None]:
+    """The model `/v1/models` lists first, or the reason there is none (asked again after 10 s at most)."""
+    try:
+        return fetch_model(endpoint), None
+    except RemoteError as exc:
+        return None, str(exc)
+
+
+def remote_choice(settings: Settings) -> RemoteChoice | None:
+    """The sidebar's engine choice: None for the built-in engine, else the remote server to run the queue on."""
+    remote = settings.remote
+    with st.sidebar:
+        st.header("Engine to watch")
+        kind = st.radio(
+            "Engine",
+            ["built-in", "remote server"],
+            index=1 if remote.url else 0,
+            horizontal=True,
+            key="engine_kind",
+            help="A remote server: any OpenAI-compatible endpoint (vLLM, SGLang, TGI, llama.cpp, transformers serve…).",
+        )
+        if kind == "built-in":
+            return None
+        url = st.text_input("Server URL", remote.url or "http://127.0.0.1:8000", key="remote_url")
+        api_key = st.text_input("API key", remote.api_key or "", type="password", key="remote_key")
+        typed_model = st.text_input(
+            "Model (blank: the first one /v1/models lists)", remote.model or "", key="remote_model"
+        )
+        api: Api = st.radio(
+            "API", APIS, index=APIS.index(remote.api), horizontal=True, key="remote_api", format_func="/v1/{}".format
+        )
+        try:
+            endpoint = endpoint_from_settings(remote, url, api_key)
+        except RemoteError as exc:
+            st.error(str(exc))
+            return RemoteChoice(None, None, api, remote.telemetry_interval_s, str(exc))
+        model, problem = (typed_model.strip(), None) if typed_model.strip() else served_model(endpoint)
+        if problem:
+            st.error(problem)
+        else:
+            st.caption(f"Watching model **{escape_markdown(model or '')}** at {escape_markdown(endpoint.root)}")
+    return RemoteChoice(endpoint, model, api, remote.telemetry_interval_s, problem)
+
+
+def start_remote_run(page: Page, queue: PromptQueue) -> None:
+    """Plan the queue as for the built-in engine, but on a remote run: up to N in flight (continuous)."""
+    state = st.session_state
+    remote = page.remote
+    assert remote is not None
+    if remote.problem or remote.endpoint is None or remote.model is None:
+        state.queue_message = remote.problem or "choose a remote server first (sidebar)"
+        return
+    choices = page.choices
+    started = LiveRun(time.perf_counter(), "", choices.batch_size, choices.sampling)
+    setup = RunSetup(remote.endpoint, remote.model, choices.batch_size, "continuous", remote.api, choices.system_prompt)
+    schedule = choices.schedule(len(queue))
+    for item, offset in zip(queue.items, schedule.due, strict=True):
+        started.plan(item.prompt, page.formatted(item.prompt), item.max_new_tokens, offset)
+    state.run, state.run_items = started, {item.item_id for item in queue.items}
+    state.run_session = RemoteRun(setup, start=started.start, telemetry_every_s=remote.telemetry_every_s)
+    state.remote_static = None
+    state.run_setup = {
+        "engine": "remote",
+        "url": remote.endpoint.root,
+        "model": remote.model,
+        "api": f"/v1/{remote.api}",
+        "requests_in_flight": choices.batch_size,
+        "sampling": asdict(choices.sampling),
+        "arrivals": schedule.description,
+        "system_prompt": choices.system_prompt,
+        "compare": choices.compare,
+    }
+    state.queue_message = None
+
+
+@dataclass(frozen=True)
+class RemoteLayout:
+    """Section 3 of a remote run: a progress slot for the static pass, and each row's two sides."""
+
+    progress: DeltaGenerator
+    notes: tuple[DeltaGenerator, DeltaGenerator]
+    slots: dict[str, tuple[DeltaGenerator, DeltaGenerator]]
+
+
+def remote_layout() -> RemoteLayout:
+    st.header("3 · What the client and the server saw")
+    progress = st.empty()
+    left, right = st.columns(2, gap="large")
+    left.subheader("Continuous: up to N in flight")
+    right.subheader("Static: waves of N")
+    notes = (left.empty(), right.empty())
+    notes[0].caption("Live: your run, drawn as it happens.")
+    notes[1].caption(REMOTE_STATIC_AFTER)
+    slots = {}
+    for name in REMOTE_ROWS:
+        left, right = st.columns(2, gap="large")
+        slots[name] = (left.empty(), right.empty())
+        left.caption(REMOTE_CAPTIONS[name])
+        right.caption(REMOTE_CAPTIONS[name])
+    return RemoteLayout(progress, notes, slots)
+
+
+def draw_remote(
+    layout: RemoteLayout, column: int, remote: RemoteRun, latency: pd.DataFrame, labels: dict[str, str], x_max: dict
+) -> None:
+    """One remote run's client charts (the built-in engine's own builders) and the server's telemetry."""
+    record, lanes = remote.record, remote.setup.lanes
+    occupancy = charts.occupancy_chart(
+        charts.occupancy_frame(record),
+        lanes,
+        title="Requests in flight from this page",
+        x_max=x_max.get("steps"),
+        x_title=f"client sample (every {SAMPLE_EVERY_S:g} s)",
+    )
+    layout.slots["occupancy"][column].altair_chart(occupancy, width="stretch")
+    layout.slots["latency"][column].altair_chart(
+        charts.latency_chart(charts.latency_bars_frame(latency), x_max=x_max.get("seconds")), width="stretch"
+    )
+    timeline = charts.timeline_frame(record, labels)
+    layout.slots["timeline"][column].altair_chart(
+        charts.timeline_chart(timeline, lanes, title="Client lanes", x_max=x_max.get("seconds")), width="stretch"
+    )
+    samples = remote.telemetry()
+    server = layout.slots["server"][column].container()
+    if samples:
+        frame = telemetry_frame(samples, record.start)
+        server.altair_chart(telemetry_chart(frame, x_max=x_max.get("seconds")), width="stretch")
+    sources = (
+        {}
+        if remote.poller is None
+        else {"/metrics": remote.poller.metrics_available, "/slots": remote.poller.slots_available}
+    )
+    server.caption(reported_line(samples, sources))
+
+
+def stream_remote(
+    run: LiveRun,
+    remote: RemoteRun,
+    compare: bool,
+    progress: DeltaGenerator,
+    answers: list[AnswerSlots],
+    layout: RemoteLayout,
+) -> None:
+    """The streaming loop of a remote run: the same `Stream` as the built-in engine's, drawing remote charts."""
+    streaming = Stream(run, remote, compare)
+    while True:
+        redraw = streaming.tick()
+        for index, view in redraw.answers:
+            draw_answer(view, answers[index])
+        if redraw.progress:
+            progress.markdown(run.progress_line(redraw.now))
+            if redraw.live_charts:
+                draw_remote(layout, 0, remote, run.latency_frame(redraw.now), run.labels(), {})
+            streaming.charts_drawn(redraw.now)
+        if redraw.done:
+            remote.close()
+            return
+        time.sleep(streaming.pause())
+
+
+def static_remote(run: LiveRun, live: RemoteRun, slot: DeltaGenerator) -> RemoteRun:
+    """The same queue sent in waves of N (started once, resumed by later script runs), with a progress bar."""
+    state = st.session_state
+    static: RemoteRun | None = state.get("remote_static")
+    if static is None:
+        static = RemoteRun(
+            replace(live.setup, mode="static"), telemetry_every_s=live.poller.every_s if live.poller else None
+        )
+        state.remote_static_labels = {}
+        for view in run.views:
+            if view.request_id is not None:
+                submitted = static.submit(view.formatted, run.params(view), at=view.offset_s)
+                state.remote_static_labels[submitted.request_id] = f"#{view.number}"
+        static.close()
+        state.remote_static = static
+    total = len(state.remote_static_labels)
+    while not static.done:
+        done = len(static.record.finished)
+        slot.progress(done / max(total, 1), text=f"Static batching from the client: {done} of {total} answers")
+        time.sleep(0.2)
+    slot.empty()
+    return static
+
+
+def remote_failures(runs: dict[str, RemoteRun]) -> None:
+    """One message per kind of failure (with how many requests it hit); the other requests went on."""
+    for mode, remote in runs.items():
+        errors: dict[str, int] = {}
+        for event in remote.record.finished:
+            if event.error:
+                errors[event.error] = errors.get(event.error, 0) + 1
+        for message, count in errors.items():
+            st.error(f"{mode}: {count} of {len(remote.record.finished)} requests failed: {message}")
+
+
+def remote_numbers(runs: dict[str, RemoteRun]) -> None:
+    summaries = {mode: summarize(remote.record) for mode, remote in runs.items()}
+    st.header("5 · The numbers")
+    if "static" in summaries:
+        factor = export.speedup(summaries["continuous"], summaries["static"])
+        st.subheader(f"Same queue, same server, same N: {export.speedup_sentence(factor)}")
+    table = export.comparison_frame(summaries).drop(index="engine steps")
+    st.dataframe(table.rename(index={"mean occupancy": "mean requests in flight ÷ N"}), width="content")
+    st.caption(
+        "Measured by this page's client: latency counts from when a request was due; output tokens are the "
+        "server's own counts when it reports usage. The times include the network and the server's other load."
+    )
+
+
+def remote_export(runs: dict[str, RemoteRun], labels: dict[str, str], prompts: dict[str, str], setup: dict) -> None:
+    st.header("6 · Export")
+    records = {mode: remote.record for mode, remote in runs.items()}
+    telemetry = [
+        telemetry_table(remote.telemetry(), remote.record.start).assign(run=mode) for mode, remote in runs.items()
+    ]
+    c1, c2, c3, c4 = st.columns(4)
+    c1.download_button(
+        "Requests (CSV)",
+        export.to_csv(export.requests_table(records, labels, prompts)),
+        "batchscope-requests.csv",
+        "text/csv",
+        on_click="ignore",
+    )
+    c2.download_button(
+        "Client samples (CSV)",
+        export.to_csv(export.steps_table(records, labels)),
+        "batchscope-steps.csv",
+        "text/csv",
+        on_click="ignore",
+    )
+    c3.download_button(
+        "Server telemetry (CSV)",
+        export.to_csv(pd.concat(telemetry, ignore_index=True)),
+        "batchscope-telemetry.csv",
+        "text/csv",
+        on_click="ignore",
+    )
+    c4.download_button(
+        "Everything (JSON)",
+        export.to_json(records, labels, prompts, setup),
+        "batchscope-run.json",
+        "application/json",
+        on_click="ignore",
+    )
+
+
+def remote_sections(run: LiveRun, compare: bool, running: bool) -> None:
+    """Sections 2, 3, 5 and 6 for a run on a remote server (no step detail: the server's steps are not visible)."""
+    state = st.session_state
+    live: RemoteRun = state.run_session
+    st.info(REMOTE_NOTE)
+    progress, answers = answers_section(run)
+    layout = remote_layout()
+    stream_remote(run, live, compare, progress, answers, layout)
+    runs = {"continuous": live}
+    if compare and run.completed:
+        runs["static"] = static_remote(run, live, layout.progress)
+    if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
+        st.rerun()
+    labels = {**run.labels(), **state.get("remote_static_labels", {})}
+    prompts = {view.request_id: view.prompt for view in run.views if view.request_id}
+    prompts |= {
+        rid: run.views[int(label[1:]) - 1].prompt for rid, label in state.get("remote_static_labels", {}).items()
+    }
+    walls = [remote.record.wall_s for remote in runs.values() if math.isfinite(remote.record.wall_s)]
+    shared = {"seconds": max(walls, default=None), "steps": max(len(remote.record.steps) for remote in runs.values())}
+    for column, mode in enumerate(("continuous", "static")):
+        if mode in runs:
+            latency = charts.latency_frame(runs[mode].record, labels)
+            draw_remote(layout, column, runs[mode], latency, labels, shared)
+        elif column:
+            layout.slots["occupancy"][1].info(
+                "The comparison is switched off (sidebar)."
+                if not compare
+                else "No comparison: the run was stopped or some prompts did not finish."
+            )
+    remote_failures(runs)
+    remote_numbers(runs)
+    remote_export(runs, labels, prompts, state.run_setup)
+
+
 # --- the page ------------------------------------------------------------------------------------------------------
 def main() -> None:
     configure_logging()
@@ -838,10 +1177,11 @@ def main() -> None:
         + (f" · {info.features}" if info.features else "")  # e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
     )
 
-    choices = sidebar(settings)
+    remote = remote_choice(settings)
+    choices = sidebar(settings, remote is not None)
     options = engine_options(settings, choices.batch_size, choices.policy)
     shared_engine(service, settings)
-    page = Page(settings, service, builder, choices, options)
+    page = Page(settings, service, builder, choices, options, remote)
     init_state(settings, builder.max_new_tokens)
 
     running = queue_section(page)
@@ -850,6 +1190,9 @@ def main() -> None:
         return
     if isinstance(run, RaceRun):
         race_page(service, run, running)
+        return
+    if isinstance(st.session_state.run_session, RemoteRun):  # the run went to a remote server: its own sections
+        remote_sections(run, choices.compare, running)
         return
     progress_slot, answer_slots = answers_section(run)
     layout = charts_section()

@@ -121,6 +121,19 @@ class ServerSettings(BaseModel):
     served_model_name: str | None = Field(None, min_length=1, description="the model id clients use; default: its name")
 
 
+class RemoteSettings(BaseModel):
+    """A remote OpenAI-compatible server the page can run the queue on instead of the built-in engine."""
+
+    url: str | None = Field(None, min_length=1, description="e.g. http://gpu-box:8000; the page's default address")
+    api_key: str | None = Field(None, min_length=1, description="sent as `Authorization: Bearer <key>`")
+    model: str | None = Field(None, min_length=1, description="model id to request; default: the first of /v1/models")
+    api: Literal["completions", "chat"] = Field("completions", description="/v1/completions or /v1/chat/completions")
+    connect_timeout_s: float = Field(5.0, gt=0, le=600, description="longest wait to connect")
+    read_timeout_s: float = Field(60.0, gt=0, le=3600, description="longest wait for the next bytes of an answer")
+    request_timeout_s: float = Field(600.0, gt=0, le=86400, description="longest one answer may take")
+    telemetry_interval_s: float = Field(0.25, ge=0.05, le=60, description="how often /metrics is read")
+
+
 class Settings(BaseSettings):
     """All of Batchscope's settings."""
 
@@ -140,6 +153,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     prompt: PromptSettings = PromptSettings()
     server: ServerSettings = ServerSettings()
+    remote: RemoteSettings = RemoteSettings()
 
 
 class SettingsError(ValueError):

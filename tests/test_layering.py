@@ -50,7 +50,7 @@ GRAPH = {name: {imp for imp in _imports(path) if imp in MODULES} for name, path 
 
 def _unit(module: str) -> str:
     """The layer a module belongs to: the engine core, the bench and the service are units of their own."""
-    for unit in ("batching.engine", "batching.bench", "batching.service", "batching.serve"):
+    for unit in ("batching.engine", "batching.bench", "batching.service", "batching.serve", "batching.remote"):
         if module == unit or module.startswith(unit + "."):
             return unit
     if module in ("batching.arrivals", "batching.runs", "batching.race"):
@@ -91,6 +91,7 @@ ORDER = [
     "model",
     "batching.engine",
     "batching.runs",
+    "batching.remote",
     "utils",
     "batching.service",
     "batching.serve",

@@ -98,15 +98,20 @@ def _who_color(frame: pd.DataFrame) -> alt.Color:
 
 
 def occupancy_chart(
-    frame: pd.DataFrame, slots: int, title: str = "Batch occupancy per step", x_max: int | None = None
+    frame: pd.DataFrame,
+    slots: int,
+    title: str = "Batch occupancy per step",
+    x_max: int | None = None,
+    x_title: str = "engine step of this run",
 ) -> alt.LayerChart:
-    """Stacked columns per step (yours / others' / held idle) under a dashed line at the batch size."""
+    """Stacked columns per step (yours / others' / held idle) under a dashed line at the batch size (`x_title`
+    names what a step is: a remote run's steps are the client's samples)."""
     x_scale = alt.Scale(domain=[1, x_max + 1]) if x_max else alt.Undefined
     bars = (
         alt.Chart(frame)
         .mark_bar()
         .encode(
-            x=alt.X("step:Q", title="engine step of this run", axis=alt.Axis(format="d"), scale=x_scale),
+            x=alt.X("step:Q", title=x_title, axis=alt.Axis(format="d"), scale=x_scale),
             x2="step_end:Q",
             y=alt.Y(
                 "low:Q",

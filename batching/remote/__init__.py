@@ -1,0 +1,31 @@
+"""Watch a real serving engine: runs of the page's queue on any OpenAI-compatible server, timed from the client,
+next to the server's own telemetry (vLLM, SGLang, TGI, llama.cpp, transformers serve, ours)."""
+
+from batching.remote.dispatch import MODES, SAMPLE_EVERY_S, UNKNOWN_TOKEN, Mode, RemoteRun, RunSetup, Submitted
+from batching.remote.endpoint import Endpoint, RemoteError, endpoint_from_settings, fetch_model, parse_url
+from batching.remote.poller import TelemetryPoller
+from batching.remote.stream import APIS, Api
+from batching.remote.telemetry import ENGINES, Telemetry, TelemetrySample, parse_metrics, parse_slots
+
+__all__ = [
+    "APIS",
+    "ENGINES",
+    "MODES",
+    "SAMPLE_EVERY_S",
+    "UNKNOWN_TOKEN",
+    "Api",
+    "Endpoint",
+    "Mode",
+    "RemoteError",
+    "RemoteRun",
+    "RunSetup",
+    "Submitted",
+    "Telemetry",
+    "TelemetryPoller",
+    "TelemetrySample",
+    "endpoint_from_settings",
+    "fetch_model",
+    "parse_metrics",
+    "parse_slots",
+    "parse_url",
+]

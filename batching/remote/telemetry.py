@@ -1,0 +1,137 @@
+"""A serving engine's own telemetry, read into one shape: requests running, waiting, KV-cache use, preemptions.
+
+Each engine names these differently (the table below, checked against real samples in tests/data/); what an
+engine does not expose stays None and the page says "not reported" rather than guessing. Prometheus text is read
+with Prometheus' own parser; llama.cpp's `/slots` JSON is read for its busy slots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True)
+class EngineNames:
+    """Which metric names (first present wins) give each figure for one engine; sums over label sets (engines,
+    data-parallel ranks), except the cache fraction, which is their mean."""
+
+    engine: str
+    prefix: str
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+    cache_usage: tuple[str, ...] = ()
+    preemptions: tuple[str, ...] = ()
+
+
+ENGINES: tuple[EngineNames, ...] = (
+    EngineNames(
+        "vLLM",
+        "vllm:",
+        ("vllm:num_requests_running",),
+        ("vllm:num_requests_waiting",),
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # the second is vLLM's name before 0.10
+        ("vllm:num_preemptions_total",),
+    ),
+    EngineNames("SGLang", "sglang:", ("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",)),
+    EngineNames("TGI", "tgi_", ("tgi_batch_current_size",), ("tgi_queue_size",)),
+    EngineNames(
+        "llama.cpp",
+        "llamacpp:",
+        ("llamacpp:requests_processing",),
+        ("llamacpp:requests_deferred",),
+        ("llamacpp:kv_cache_usage_ratio",),  # dropped by later llama.cpp releases
+    ),
+    EngineNames(
+        "Batchscope",
+        "batchscope:",
+        ("batchscope:num_requests_running",),
+        ("batchscope:num_requests_waiting",),
+        ("batchscope:kv_cache_usage_perc",),
+    ),
+)
+FIGURES = ("running", "waiting", "cache_usage", "preemptions")
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """One reading of a server: which engine it looked like, and each figure (None: not reported)."""
+
+    engine: str | None
+    running: float | None = None
+    waiting: float | None = None
+    cache_usage: float | None = None  # 0 to 1
+    preemptions: float | None = None  # cumulative since the server started
+    slots_busy: int | None = None  # llama.cpp `/slots`
+    slots_total: int | None = None
+
+    def reported(self) -> dict[str, bool]:
+        return {name: getattr(self, name) is not None for name in FIGURES}
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    """A reading taken `time` (perf_counter) by the poller."""
+
+    time: float
+    telemetry: Telemetry
+
+
+def read_samples(text: str) -> dict[str, list[float]]:
+    """Every sample's value by its name (`_total` counters under their full name), `_created` stamps left out."""
+    values: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created") or math.isnan(sample.value):
+                continue
+            values.setdefault(sample.name, []).append(float(sample.value))
+    return values
+
+
+def parse_metrics(text: str) -> Telemetry:
+    """A Prometheus `/metrics` page read into `Telemetry`; the engine is the first in ENGINES with a figure there.
+
+    Raises ValueError when the text is not Prometheus' format (Prometheus' parser's message)."""
+    values = read_samples(text)
+    for names in ENGINES:
+        if not any(name.startswith(names.prefix) for name in values):
+            continue
+        return Telemetry(
+            names.engine,
+            running=_first(values, names.running, sum),
+            waiting=_first(values, names.waiting, sum),
+            cache_usage=_first(values, names.cache_usage, _mean),
+            preemptions=_first(values, names.preemptions, sum),
+        )
+    return Telemetry(None)
+
+
+def parse_slots(slots: object) -> tuple[int, int]:
+    """llama.cpp's `/slots` answer: (slots processing a request, slots). ValueError if it is not that list."""
+    if not isinstance(slots, list) or not all(isinstance(slot, dict) and "is_processing" in slot for slot in slots):
+        raise ValueError("not a llama.cpp /slots answer: expected a list of slots with is_processing")
+    return sum(1 for slot in slots if slot["is_processing"]), len(slots)
+
+
+def with_slots(telemetry: Telemetry, busy: int, total: int) -> Telemetry:
+    """Add llama.cpp's slot counts; they also stand for `running` when `/metrics` gave none (it is off by default)."""
+    running = telemetry.running if telemetry.running is not None else float(busy)
+    engine = telemetry.engine or "llama.cpp"
+    return Telemetry(engine, running, telemetry.waiting, telemetry.cache_usage, telemetry.preemptions, busy, total)
+
+
+def _first(
+    values: dict[str, list[float]], names: Sequence[str], combine: Callable[[list[float]], float]
+) -> float | None:
+    for name in names:
+        if name in values:
+            return float(combine(values[name]))
+    return None
+
+
+def _mean(values: Iterable[float]) -> float:
+    items = list(values)
+    return sum(items) / len(items)

@@ -1,0 +1,103 @@
+"""The page's remote engine choice, driven by AppTest: a bad URL, a port with nothing on it, and a whole run on
+our server where one prompt fails (a server-side refusal) while the others go on."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from tests.browser_helpers import free_port
+from tests.remote_helpers import our_server
+
+APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _keep_torch_threads() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def remote_env(monkeypatch: pytest.MonkeyPatch, tiny_model_dirs: dict[str, Path]) -> pytest.MonkeyPatch:
+    """The page on the tiny model (its own checks), its sidebar defaulting to a remote server."""
+    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tiny_model_dirs["llama"]))
+    return monkeypatch
+
+
+def _open() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _add(at: AppTest, prompt: str, cap: int) -> None:
+    at.text_input(key="new_prompt").set_value(prompt)
+    at.text_input(key="new_cap").set_value(str(cap))
+    next(b for b in at.button if b.label == "Add").click().run()
+
+
+def _generate(at: AppTest) -> None:
+    next(b for b in at.button if b.label == "Generate").click().run()
+    assert not at.exception, at.exception
+
+
+def test_a_bad_url_is_one_line_in_the_sidebar_and_generate_starts_nothing(remote_env: pytest.MonkeyPatch) -> None:
+    remote_env.setenv("BATCHSCOPE_REMOTE__URL", "localhost:8000")
+    at = _open()
+    assert [e.value for e in at.sidebar.error] == [
+        "'localhost:8000' is not a server address: type http://host:port or https://host[:port]"
+    ]
+    _add(at, "How do I track my order?", 4)
+    _generate(at)
+    assert at.session_state.run is None
+    assert "is not a server address" in at.main.error[0].value
+
+
+def test_a_port_with_no_server_is_said_once_and_the_built_in_engine_is_one_click_away(
+    remote_env: pytest.MonkeyPatch,
+) -> None:
+    remote_env.setenv("BATCHSCOPE_REMOTE__URL", f"http://127.0.0.1:{free_port()}")
+    at = _open()
+    assert len(at.sidebar.error) == 1 and "cannot connect to http://127.0.0.1" in at.sidebar.error[0].value
+    at.radio(key="engine_kind").set_value("built-in").run()
+    assert not at.sidebar.error and at.text_input(key="new_prompt") is not None
+
+
+def test_a_remote_run_shows_every_answer_and_one_message_for_the_prompt_the_server_refused(
+    remote_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # the server (the same tiny model) takes shorter prompts than the page: the long one is refused there (HTTP 400)
+    with our_server(tmp_path, {"BATCHSCOPE_TOKENIZER__MAX_PROMPT_TOKENS": "200"}) as (url, _):
+        remote_env.setenv("BATCHSCOPE_REMOTE__URL", url)
+        at = _open()
+        assert at.sidebar.caption[-2].value.startswith("Watching model **")  # the name /v1/models gave
+        _add(at, "How do I track my order?", 6)
+        _add(at, "Tell me everything about returns. " * 20, 6)
+        _add(at, "Do you ship abroad?", 6)
+        _generate(at)
+    run = at.session_state.run
+    assert run.done and [view.status for view in run.views] == ["done", "done", "done"]
+    failed = [view for view in run.views if view.finished.error]
+    assert len(failed) == 1 and failed[0].number == 2
+    messages = [e.value for e in at.main.error]
+    assert len(messages) == 1 and messages[0].startswith("continuous: 1 of 3 requests failed:")
+    assert "answered HTTP 400" in messages[0]
+    assert [view.finished.output_tokens for view in run.views if view.number != 2] == [6, 6]
+    assert not any(s.value.startswith("Same queue") for s in at.subheader)  # no comparison after a failure
+    assert "The comparison is switched off" not in str([i.value for i in at.info])
+    assert [b.label for b in at.get("download_button")] == [
+        "Requests (CSV)",
+        "Client samples (CSV)",
+        "Server telemetry (CSV)",
+        "Everything (JSON)",
+    ]
