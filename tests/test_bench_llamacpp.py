@@ -48,7 +48,7 @@ def _greedy_without_eos(model: PreTrainedModel, prompt: list[int], cap: int, eos
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_every_request_gets_exactly_its_cap_of_the_same_greedy_tokens_as_transformers(
     family: str, tiny_model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -119,9 +119,11 @@ def test_a_model_converted_twice_is_taken_from_the_cache(tiny_model_dirs: dict[s
     assert sorted(path.suffix for path in tmp_path.iterdir()) == [".gguf", ".gguf"]  # no partial file left
 
 
-def test_a_model_of_another_family_is_refused_naming_its_type(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    model, tokenizer = _load(tiny_model_dirs["gpt2"])
-    with pytest.raises(GGUFConversionError, match=r"'gpt2'.*llama, qwen2"):
+def test_a_model_of_another_family_is_refused_naming_its_type(
+    family_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    model, tokenizer = _load(family_model_dirs["mistral"])
+    with pytest.raises(GGUFConversionError, match=r"'mistral'.*llama, qwen2, gpt2"):
         convert(model, tokenizer, tmp_path)
 
 
@@ -181,13 +183,13 @@ def test_a_llama_server_path_that_does_not_exist_is_one_line_and_exit_code_2(
 
 
 def test_a_model_family_the_converter_does_not_know_is_one_line_and_exit_code_2(
-    tiny_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+    family_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     _server()
     argv = ["--workload", str(_workload(tmp_path)), "--modes", "continuous,llamacpp"]
-    assert _bench([*argv, "--model", str(tiny_model_dirs["gpt2"])]) == 2
+    assert _bench([*argv, "--model", str(family_model_dirs["mistral"])]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("bench: error: llamacpp: model type 'gpt2'") and err.count("\n") == 1
+    assert err.startswith("bench: error: llamacpp: model type 'mistral'") and err.count("\n") == 1
 
 
 def test_a_server_that_cannot_load_its_model_is_reported_with_its_log(

@@ -1,10 +1,11 @@
 """A loaded transformers model as a GGUF F32 file for llama.cpp, written with the `gguf` package and cached on disk.
 
-Only what the llama.cpp peer needs: the Llama and Qwen2 families with a byte-level BPE tokenizer (the embedded
-model and the test models). The tensors are the model's own float32 weights, renamed by gguf's tensor map; Llama's
-query and key rows are reordered as llama.cpp's converter does (llama.cpp rotates adjacent pairs, transformers the
-two halves). Prompts reach the server as token ids, so the vocabulary only has to match id for id. Anything else is
-refused with one line naming what is not supported.
+Only what the llama.cpp peer needs: the Llama, Qwen2 and GPT-2 families with a byte-level BPE tokenizer (the
+embedded model and the test models). The tensors are the model's own float32 weights, renamed by gguf's tensor
+map and changed only where llama.cpp's own converter changes them: Llama's query and key rows reordered (llama.cpp
+rotates adjacent pairs, transformers the two halves), GPT-2's Conv1D weights transposed. Prompts reach the server
+as token ids, so the vocabulary only has to match id for id. Anything else is refused with one line naming what is
+not supported.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # Bumped whenever the file written changes, so a cached file from an older converter is not reused.
 CONVERTER_VERSION = "1"
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # transformers model_type -> GGUF architecture
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "gpt2": "gpt2"}  # transformers model_type -> GGUF architecture
+_GPT2_CONV1D = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")  # stored [in, out]: llama.cpp wants [out, in]
 INSTALL_HINT = "pip install -r requirements-llamacpp.txt"
 
 
@@ -48,6 +50,9 @@ def check_convertible(model: PreTrainedModel) -> str:
     rope = getattr(model.config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default":
         raise GGUFConversionError(f"rope_type {rope['rope_type']!r} is not supported by the GGUF export: only default")
+    activation = getattr(model.config, "activation_function", "gelu_new")
+    if model_type == "gpt2" and activation not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise GGUFConversionError(f"GPT-2 activation {activation!r} is not supported by the GGUF export: only gelu_new")
     return ARCHITECTURES[model_type]
 
 
@@ -111,22 +116,12 @@ def _write(
 ) -> None:
     gguf = _import_gguf()
     config = model.config
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(getattr(config, "_name_or_path", "") or arch)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
-    rope = getattr(config, "rope_parameters", None) or {}
-    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
-    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    if arch == "gpt2":
+        _gpt2_hyperparameters(writer, config)
+    else:
+        _llama_hyperparameters(writer, config)
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_vocab(writer, gguf, vocab, tokenizer, config.vocab_size)
@@ -140,12 +135,41 @@ def _write(
         if new_name is None:
             raise GGUFConversionError(f"tensor {name!r} has no GGUF name for architecture {arch}")
         if arch == "llama" and re.search(r"\.(q|k)_proj\.(weight|bias)$", name):
-            tensor = _rotate_pairs(tensor, heads if ".q_proj." in name else kv_heads)
+            heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+            tensor = _rotate_pairs(tensor, heads)
+        elif arch == "gpt2" and name.endswith(_GPT2_CONV1D):
+            tensor = tensor.T
         writer.add_tensor(new_name, np.ascontiguousarray(tensor.numpy(), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _llama_hyperparameters(writer: Any, config: Any) -> None:
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    rope = getattr(config, "rope_parameters", None) or {}
+    writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+
+
+def _gpt2_hyperparameters(writer: Any, config: Any) -> None:
+    writer.add_context_length(config.n_positions)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_block_count(config.n_layer)
+    writer.add_feed_forward_length(config.n_inner or 4 * config.n_embd)
+    writer.add_head_count(config.n_head)
+    writer.add_layer_norm_eps(float(config.layer_norm_epsilon))
 
 
 def _rotate_pairs(weight: torch.Tensor, heads: int) -> torch.Tensor:
