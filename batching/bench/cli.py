@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import logging
+import shlex
 import sys
 import tempfile
 import time
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--random-dist", choices=DISTRIBUTIONS, default="exponential", help="random workload: caps")
     parser.add_argument("--threads", type=int, help="torch CPU threads, and llama.cpp's (default: torch's)")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (default: on PATH, else xllamacpp)")
+    parser.add_argument("--llamacpp-args", default="", help="more llama-server flags, e.g. '-fa on -kvu'")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write occupancy and latency charts here (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -294,7 +296,9 @@ def start_peer(args: argparse.Namespace, settings: Settings, plan: Plan) -> HFPe
     )
 
 
-def start_llamacpp(loaded: LoadedModel, plan: Plan, command: list[str], log_dir: Path) -> LlamaCppPeer:
+def start_llamacpp(
+    loaded: LoadedModel, plan: Plan, command: list[str], extra: Sequence[str], log_dir: Path
+) -> LlamaCppPeer:
     """llama.cpp's server on a GGUF F32 copy of the model (converted once, then cached), sized like our batcher."""
     settings = ServerSettings(
         model=convert(loaded.model, loaded.tokenizer),
@@ -302,6 +306,7 @@ def start_llamacpp(loaded: LoadedModel, plan: Plan, command: list[str], log_dir:
         context_per_slot=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),
         threads=torch.get_num_threads(),
         batch_tokens=plan.options.max_batched_tokens,
+        extra=tuple(extra),
     )
     return LlamaCppPeer(command, settings, loaded.tokenizer, log_dir)
 
@@ -357,7 +362,8 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs, lla
             peers["hf"] = stack.enter_context(start_peer(args, settings, plan))
         if llamacpp is not None:
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-llamacpp-")))
-            peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, log_dir))
+            extra = shlex.split(args.llamacpp_args)
+            peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir))
         runs = run_all(plan, loaded, peers, args.repeat, show=not args.no_progress)
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}
     modes = {mode: mode_report(run, plan, runs[mode]) for mode, run in medians.items()}

@@ -62,8 +62,9 @@ class ServerSettings:
     context_per_slot: int
     threads: int
     batch_tokens: int
-    flash_attn: bool = False
+    flash_attn: str = "off"  # on, off or auto
     kv_unified: bool = True
+    extra: tuple[str, ...] = ()  # more flags, after ours (the last of a repeated flag wins)
 
     def args(self, port: int) -> list[str]:
         """The `llama-server` flags (the xllamacpp entry point takes the same)."""
@@ -72,11 +73,12 @@ class ServerSettings:
             *("--parallel", str(self.slots), "-c", str(self.slots * self.context_per_slot)),
             *("-t", str(self.threads), "-tb", str(self.threads)),
             *("-b", str(self.batch_tokens), "-ub", str(self.batch_tokens)),
-            *("-fa", "on" if self.flash_attn else "off"),
-            *(["-kvu"] if self.kv_unified else []),
+            *("-fa", self.flash_attn),
+            "-kvu" if self.kv_unified else "-no-kvu",
             "--cont-batching",
             "--metrics",
             "--no-webui",
+            *self.extra,
         ]
 
 

@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-b", "--batch-size", type=int, default=2048)
     parser.add_argument("-ub", "--ubatch-size", type=int, default=512)
     parser.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto")
-    parser.add_argument("-kvu", "--kv-unified", action="store_true")
+    parser.add_argument("-kvu", "--kv-unified", action="store_true", default=False)
+    parser.add_argument("-no-kvu", "--no-kv-unified", action="store_false", dest="kv_unified")
+    parser.add_argument("-cram", "--cache-ram", type=int)
     parser.add_argument("--metrics", action="store_true")
     parser.add_argument("--cont-batching", action="store_true", default=True)
     parser.add_argument("--no-webui", action="store_true")
@@ -53,6 +55,8 @@ def params(args: argparse.Namespace, xllamacpp: Any) -> Any:
         "auto": flash.LLAMA_FLASH_ATTN_TYPE_AUTO,
     }[args.flash_attn]
     common.kv_unified = args.kv_unified
+    if args.cache_ram is not None:
+        common.cache_ram_mib = args.cache_ram
     common.endpoint_metrics = args.metrics
     common.cont_batching = args.cont_batching
     return common
