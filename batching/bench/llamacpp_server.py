@@ -68,9 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     server = xllamacpp.Server(params(args, xllamacpp))
     print(f"listening on {server.listening_address}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    while True:
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda number, _: stopping.append(number))
+    while not stopping:
         signal.pause()  # the server runs in its own threads until the peer terminates this process
+    del server  # stops the server's threads before the interpreter shuts down
+    return 0
 
 
 if __name__ == "__main__":
