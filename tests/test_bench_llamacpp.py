@@ -107,6 +107,17 @@ def test_the_server_is_stopped_even_when_the_run_fails(tiny_model_dirs: dict[str
         urllib.request.urlopen(f"{url}/health", timeout=5)
 
 
+def test_extra_flags_come_after_ours_and_win(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    command = _server()
+    model, tokenizer = _load(tiny_model_dirs["llama"])
+    settings = ServerSettings(convert(model, tokenizer, tmp_path), 2, 16, 1, 16, extra=("-kvu",))
+    args = settings.args(port=1)
+    assert args[-1] == "-kvu" and "-no-kvu" in args and args[args.index("-fa") + 1] == "on"  # the measured best
+    with LlamaCppPeer(command, settings, tokenizer, tmp_path):
+        pass
+    assert "kv_unified = 'true'" in (tmp_path / "llama-server.log").read_text()
+
+
 def test_a_model_converted_twice_is_taken_from_the_cache(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
     pytest.importorskip("gguf", reason=NOT_INSTALLED)
     model, tokenizer = _load(tiny_model_dirs["llama"])
