@@ -1,9 +1,11 @@
-"""Benchmark CLI: run one workload through static batching, continuous batching and transformers' own peer.
+"""Benchmark CLI: run one workload through static batching, continuous batching and two peers.
 
-    python -m batching.bench --workload seed-lab --modes static,continuous,hf --ignore-eos --repeat 3
+    python -m batching.bench --workload seed-lab --modes static,continuous,hf,llamacpp --ignore-eos --repeat 3
 
-All modes share one loaded model (the peer gets its own instance), run alternately, and the median run of each
-is reported: a table on stdout, optionally JSON (`--json`) and a PNG of occupancy and latency charts (`--plot`).
+The peers are transformers' own continuous batching (`hf`) and llama.cpp's server (`llamacpp`, an optional
+install: the benchmark says so and runs the other modes when it is missing). All modes share one loaded model
+(the hf peer gets its own instance, llama.cpp a GGUF copy), run alternately, and the median run of each is reported:
+a table on stdout, optionally JSON (`--json`) and a PNG of occupancy and latency charts (`--plot`).
 Bad input (workload, flags, a model the engine cannot run exactly) is one line on stderr and exit code 2; a run in
 which any request ended with an error prints the first one on stderr and exits with code 1.
 """
@@ -14,7 +16,9 @@ import argparse
 import contextlib
 import json
 import logging
+import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -26,8 +30,10 @@ import transformers
 from tqdm import tqdm
 
 from batching.arrivals import Schedule
+from batching.bench.gguf_convert import GGUFConversionError, check_convertible, convert
 from batching.bench.hf_peer import HFPeer
-from batching.bench.plan import ModeRun, Plan
+from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, ServerSettings, find_server
+from batching.bench.plan import ModeRun, Peer, Plan
 from batching.bench.report import compare, format_report, machine_info, mode_report
 from batching.bench.workloads import (
     DISTRIBUTIONS,
@@ -51,12 +57,17 @@ from model.prompting import format_prompt
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 
-MODES = ("static", "continuous", "hf")
+MODES = ("static", "continuous", "hf", "llamacpp")
+PEERS = ("hf", "llamacpp")
 WARM_UP_TOKENS = 4
 
 
 class BenchError(Exception):
     """Bad input: reported as one line on stderr, exit code 2."""
+
+
+# Reported as one line on stderr with exit code 2 (a peer that fails to start counts: it is the setup, not a run).
+BAD_INPUT = (BenchError, SettingsError, ModelLoadError, UnsupportedModelError, GGUFConversionError, LlamaCppError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,7 +78,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m batching.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", required=True, help="built-in name, 'random', or a .json/.csv file")
-    parser.add_argument("--modes", default="static,continuous", help="comma list of static, continuous, hf")
+    parser.add_argument("--modes", default="static,continuous", help="comma list of " + ", ".join(MODES))
     parser.add_argument("--policy", choices=list(POLICIES), help="admission order (default: settings)")
     parser.add_argument("--batch-size", type=int, help="slots (default: the workload's)")
     parser.add_argument("--max-batched-tokens", type=int, help="tokens per step (default: settings)")
@@ -84,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--random-prompt-words", default="4:40", help="random workload: prompt words LOW:HIGH")
     parser.add_argument("--random-max-new-tokens", default="8:256", help="random workload: caps LOW:HIGH")
     parser.add_argument("--random-dist", choices=DISTRIBUTIONS, default="exponential", help="random workload: caps")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads, and llama.cpp's (default: torch's)")
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (default: on PATH, else xllamacpp)")
+    parser.add_argument("--llamacpp-args", default="", help="more llama-server flags, e.g. '-fa on -kvu'")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write occupancy and latency charts here (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -201,7 +214,7 @@ def run_batcher(mode: str, loaded: LoadedModel, plan: Plan, progress: tqdm | Non
     return ModeRun(scheduled.record, kv_lens)
 
 
-def warm_up(plan: Plan, loaded: LoadedModel, peer: HFPeer | None) -> None:
+def warm_up(plan: Plan, loaded: LoadedModel, peers: dict[str, Peer]) -> None:
     """One short untimed run per mode: first-call allocations and lazy initialisation stay out of the timings."""
     count = min(len(plan.caps), 2)
     short = replace(
@@ -213,33 +226,35 @@ def warm_up(plan: Plan, loaded: LoadedModel, peer: HFPeer | None) -> None:
     for mode in plan.modes:
         if mode in BATCHER_MODES:
             run_batcher(mode, loaded, short)
-    if peer is not None:
+    for peer in peers.values():
         peer.warm_up(plan.prompt_ids[0], WARM_UP_TOKENS)
 
 
-def run_all(plan: Plan, loaded: LoadedModel, peer: HFPeer | None, repeat: int, show: bool) -> dict[str, list[ModeRun]]:
-    """`repeat` rounds of every mode in turn (static, continuous, hf, static, ...)."""
-    warm_up(plan, loaded, peer)
+def run_all(
+    plan: Plan, loaded: LoadedModel, peers: dict[str, Peer], repeat: int, show: bool
+) -> dict[str, list[ModeRun]]:
+    """`repeat` rounds of every mode in turn (static, continuous, hf, llamacpp, static, ...)."""
+    warm_up(plan, loaded, peers)
     runs: dict[str, list[ModeRun]] = {mode: [] for mode in plan.modes}
     total = repeat * len(plan.modes) * len(plan.caps)
     with tqdm(total=total, unit="req", file=sys.stderr, disable=not show, dynamic_ncols=True) as progress:
         for round_index in range(repeat):
             for mode in plan.modes:
                 progress.set_description(f"{mode} {round_index + 1}/{repeat}")
-                cpu = time.process_time()
-                if mode == "hf":
-                    assert peer is not None, "the hf mode runs on its peer"
-                    record, kv_lens = peer.run(
+                cpu = time.process_time() + (peers[mode].outside_cpu_s() if mode in PEERS else 0.0)
+                if mode in PEERS:
+                    record, kv_lens = peers[mode].run(
                         plan.prompt_ids,
                         plan.caps,
                         plan.schedule,
                         plan.ignore_eos,
+                        mode=mode,
                         on_finished=lambda _: progress.update(1),
                     )
                     run = ModeRun(record, kv_lens)
                 else:
                     run = run_batcher(mode, loaded, plan, progress)
-                run.cpu_s = time.process_time() - cpu
+                run.cpu_s = time.process_time() + (peers[mode].outside_cpu_s() if mode in PEERS else 0.0) - cpu
                 runs[mode].append(run)
     return runs
 
@@ -281,27 +296,75 @@ def start_peer(args: argparse.Namespace, settings: Settings, plan: Plan) -> HFPe
     )
 
 
+def start_llamacpp(
+    loaded: LoadedModel, plan: Plan, command: list[str], extra: Sequence[str], log_dir: Path
+) -> LlamaCppPeer:
+    """llama.cpp's server on a GGUF F32 copy of the model (converted once, then cached), sized like our batcher."""
+    settings = ServerSettings(
+        model=convert(loaded.model, loaded.tokenizer),
+        slots=plan.options.max_batch_size,
+        context_per_slot=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),
+        threads=torch.get_num_threads(),
+        batch_tokens=plan.options.max_batched_tokens,
+        extra=tuple(extra),
+    )
+    return LlamaCppPeer(command, settings, loaded.tokenizer, log_dir)
+
+
+def llamacpp_command(args: argparse.Namespace, inputs: Inputs) -> tuple[Inputs, list[str] | None]:
+    """The command that starts llama.cpp's server; when it is not installed, say so and drop the mode."""
+    if "llamacpp" not in inputs.modes:
+        return inputs, None
+    try:
+        command = find_server(args.llama_server)
+    except LlamaCppError as exc:
+        raise BenchError(str(exc)) from None
+    if command is not None:
+        try:
+            import gguf  # noqa: F401  (the converter's package, part of the same optional install)
+        except ImportError:
+            command = None
+    if command is not None:
+        return inputs, command
+    print(NOT_INSTALLED, file=sys.stderr)
+    modes = tuple(mode for mode in inputs.modes if mode != "llamacpp")
+    if not modes:
+        raise BenchError("--modes has no mode left to run without llama.cpp")
+    return replace(inputs, modes=modes), None
+
+
 def benchmark(args: argparse.Namespace) -> dict:
     """Parse, load, validate, run and summarise; raises BenchError (or a settings/model error) on bad input."""
     for line in setting_warnings():
         print(f"bench: warning: {line}", file=sys.stderr)
     settings = load_settings()
-    inputs = check_flags(args)  # bad input is reported before the model is loaded
+    inputs, llamacpp = llamacpp_command(args, check_flags(args))  # bad input is reported before the model is loaded
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
     try:
-        return _benchmark(args, settings, inputs)
+        return _benchmark(args, settings, inputs, llamacpp)
     finally:
         torch.set_num_threads(threads)  # leave the process as it was (tests call main in-process)
 
 
-def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> dict:
+def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs, llamacpp: list[str] | None) -> dict:
     loaded = load(args, settings)
     check_supported(loaded.model)  # a model the engine cannot run exactly is refused before any request
+    if llamacpp is not None:
+        try:
+            check_convertible(loaded.model)
+        except GGUFConversionError as exc:
+            raise BenchError(f"llamacpp: {exc}") from None
     plan = make_plan(args, settings, loaded, inputs)
     with contextlib.ExitStack() as stack:
-        peer = stack.enter_context(start_peer(args, settings, plan)) if "hf" in plan.modes else None
-        runs = run_all(plan, loaded, peer, args.repeat, show=not args.no_progress)
+        peers: dict[str, Peer] = {}
+        if "hf" in plan.modes:
+            peers["hf"] = stack.enter_context(start_peer(args, settings, plan))
+        if llamacpp is not None:
+            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-llamacpp-")))
+            extra = shlex.split(args.llamacpp_args)
+            peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir))
+        runs = run_all(plan, loaded, peers, args.repeat, show=not args.no_progress)
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}
     modes = {mode: mode_report(run, plan, runs[mode]) for mode, run in medians.items()}
     compare(modes)
@@ -339,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         result = benchmark(args)
-    except (BenchError, SettingsError, ModelLoadError, UnsupportedModelError) as exc:
+    except BAD_INPUT as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(result))

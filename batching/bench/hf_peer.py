@@ -167,6 +167,10 @@ class HFPeer:
             kv_lens.append(max((length for *_, length in step.batch), default=0))
         return record, kv_lens
 
+    def outside_cpu_s(self) -> float:
+        """Nothing: its generation thread runs in this process, so the process time counts it already."""
+        return 0.0
+
     def warm_up(self, prompt: Sequence[int], max_new_tokens: int = 4) -> None:
         """One short untimed request: the thread builds its cache and batch tensors on the first one."""
         self.run([prompt], [max_new_tokens], Schedule.at_once(1), ignore_eos=True, mode="warm-up")

@@ -1,13 +1,17 @@
-"""What a benchmark run needs (`Plan`, checked before any timing) and what one timed run of a mode gives (`ModeRun`)."""
+"""What a benchmark run needs (`Plan`, checked before any timing), what one timed run of a mode gives (`ModeRun`),
+and what a peer engine offers (`Peer`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from batching.arrivals import Schedule
 from batching.bench.workloads import Workload
 from batching.engine.batcher import BatcherOptions
+from batching.engine.events import FinishedEvent
 from batching.runs import RunRecord
 
 
@@ -32,3 +36,25 @@ class ModeRun:
     record: RunRecord
     kv_lens: list[int] = field(default_factory=list)
     cpu_s: float = math.nan
+
+
+class Peer(Protocol):
+    """Another engine run on the same plan: transformers' continuous batching, llama.cpp's server."""
+
+    def warm_up(self, prompt: Sequence[int], max_new_tokens: int = 4) -> None: ...
+
+    def outside_cpu_s(self) -> float:
+        """CPU seconds used so far by its processes other than this one (a server's), for the run's CPU time."""
+        ...
+
+    def run(
+        self,
+        prompts: Sequence[Sequence[int]],
+        caps: Sequence[int],
+        schedule: Schedule,
+        ignore_eos: bool,
+        mode: str = ...,
+        on_finished: Callable[[FinishedEvent], object] | None = None,
+    ) -> tuple[RunRecord, list[int]]:
+        """Run the requests on `schedule`; the run as events, and each step's longest sequence (empty if unknown)."""
+        ...

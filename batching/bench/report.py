@@ -109,7 +109,7 @@ def mode_report(run: ModeRun, plan: Plan, runs: Sequence[ModeRun]) -> dict:
         summary["steps"] = summary["mean_occupancy"] = None
     return {
         **summary,
-        "policy": {"static": "fcfs", "hf": "fifo"}.get(run.record.mode, plan.options.policy),
+        "policy": {"static": "fcfs", "hf": "fifo", "llamacpp": "fifo"}.get(run.record.mode, plan.options.policy),
         "cpu_s": run.cpu_s,
         "requests_finished": len(run.record.finished),
         "wall_s_runs": [other.record.wall_s for other in runs],
