@@ -152,10 +152,16 @@ def test_a_click_on_the_token_grid_opens_that_step_in_the_inspector(page, record
 
 
 def test_a_prompt_added_mid_run_joins_it_and_stop_cancels_the_rest(page) -> None:
-    # Staggered arrivals (one every 0.5 s) keep the run going long enough to act in the middle of it.
-    page.get_by_test_id("stSidebar").get_by_text("staggered", exact=True).click()
-    page.get_by_text("Seconds between requests").wait_for()
+    # Staggered arrivals, one every 3 s (the slider's end), keep the run going long enough to act in the middle
+    # of it even on a loaded machine (at 0.5 s, every prompt could be sent before Stop got through).
+    sidebar = page.get_by_test_id("stSidebar")
+    sidebar.get_by_text("staggered", exact=True).click()
+    interval = sidebar.get_by_test_id("stSlider").filter(has_text="Seconds between requests")
+    interval.get_by_role("slider").focus()
+    interval.get_by_role("slider").press("End")
+    page.wait_for_timeout(500)
     page.wait_for_selector(IDLE)
+    assert interval.get_by_test_id("stSliderThumbValue").inner_text() == "3.00"
     page.get_by_test_id("stMain").get_by_role("button", name="Generate").click()
     page.get_by_test_id("stText").filter(has_text="▌").first.wait_for(timeout=20_000)
 
