@@ -88,11 +88,13 @@ def attend(
 ) -> torch.Tensor:
     """Attention of `query` [b, heads, q, d] over `key` [b, kv_heads, s, d] / `value` [b, kv_heads, s, dv].
 
-    SDPA unless the layer soft-caps its logits or has sinks; those take the eager path the models' own eager
-    functions define (soft-cap before the mask; a sink logit per head joins the softmax and is then dropped).
+    SDPA for prompt chunks; one query per row (decode) takes the grouped matmul + softmax below, measured 1.2x
+    faster than SDPA's CPU kernel at 100 cached columns and 1.8x at 1,000 (8 rows). Soft-capped logits and sinks
+    also take that eager path, as the models' own eager functions define it (soft-cap before the mask; a sink logit
+    per head joins the softmax and is then dropped).
     """
-    gqa = key.shape[1] != query.shape[1]
-    if softcap is None and sinks is None:
+    if softcap is None and sinks is None and query.shape[2] > 1:
+        gqa = key.shape[1] != query.shape[1]
         return scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
     batch, heads, queries, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]

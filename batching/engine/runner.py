@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, RowMask, use_packed_attention
+from batching.engine.compiled import Bucket, StepCompiler, step_compiler
 from batching.engine.kv_cache import SlotKVCache, StepPlan
 from batching.engine.model_support import check_supported
 
@@ -22,7 +25,13 @@ class ModelRunner:
     """
 
     def __init__(
-        self, model: PreTrainedModel, capacity: int, max_len: int, pad_token_id: int, max_position: int | None = None
+        self,
+        model: PreTrainedModel,
+        capacity: int,
+        max_len: int,
+        pad_token_id: int,
+        max_position: int | None = None,
+        compile_steps: bool = False,
     ) -> None:
         check_supported(model)  # refuse before any request rather than answer wrongly
         self.model = model
@@ -35,6 +44,11 @@ class ModelRunner:
         num_layers = model.config.get_text_config().num_hidden_layers
         self.cache = SlotKVCache(num_layers, capacity, max_len, self.device)
         self._columns = torch.arange(max_len, device=self.device)
+        self._row_range = torch.arange(capacity, device=self.device)
+        self.compiler: StepCompiler | None = None
+        if compile_steps:
+            warm = partial(_warm_bucket, model, capacity, max_len, pad_token_id)
+            self.compiler = step_compiler(model, capacity, max_len, warm)
         # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
         self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         use_packed_attention(model)
@@ -92,7 +106,26 @@ class ModelRunner:
                 chunks.append((row, packed_start, packed_start + count))
         if not input_ids:
             raise ValueError("no row has a new token this step")
+        if len(singles) == rows and not chunks:
+            logits = self._decode(input_ids, positions)
+        else:
+            logits = self._packed(input_ids, positions, write_rows, write_columns, last_token, singles, chunks)
+        for row, tokens in enumerate(row_tokens):
+            cache.lengths[row] += len(tokens)
+        return logits
 
+    def _packed(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        write_rows: list[int],
+        write_columns: list[int],
+        last_token: list[int],
+        singles: list[tuple[int, int]],
+        chunks: list[tuple[int, int, int]],
+    ) -> torch.Tensor:
+        """A step with prompt chunks: every row's new tokens packed into one sequence, always eager."""
+        cache, rows = self.cache, len(last_token)
         device = self.device
         cache.plan = StepPlan(
             row_index=torch.tensor(write_rows, device=device),
@@ -108,9 +141,54 @@ class ModelRunner:
             logits_to_keep=torch.tensor(last_token, device=device),
             **{PLAN_KWARG: plan},
         )
-        for row, tokens in enumerate(row_tokens):
-            cache.lengths[row] += len(tokens)
         return output.logits[0].float()
+
+    def _decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """A decode step, compiled when this step's bucket has a graph ready (else eager, and its graph is queued)."""
+        if self.compiler is not None:
+            bucket = self.compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
+            step = self.compiler.step(bucket)
+            if step is not None:
+                return self._decode_with(tokens, positions, step, bucket)
+        return self._decode_with(tokens, positions, None, None)
+
+    def _decode_with(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        step: Callable[..., object] | None,
+        bucket: Bucket | None,
+    ) -> torch.Tensor:
+        """A step where every row decodes one token: the shape buckets the compiled steps are made for.
+
+        Eager, rows and cached columns are exact. With a compiled step ready for this bucket, rows are padded to
+        the bucket (the padding rows are free cache rows: they write their column 0 and attend to it alone) and
+        the columns to a multiple of the bucket's width, so a handful of graphs covers every step.
+        """
+        cache, rows = self.cache, len(tokens)
+        padded_rows, padded_len = (rows, max(cache.lengths[:rows]) + 1) if step is None or bucket is None else bucket
+        pad = padded_rows - rows
+        columns = cache.lengths[:rows] + [0] * pad
+        device = self.device
+        write_columns = torch.tensor(columns, device=device)
+        cache.plan = StepPlan(row_index=self._row_range[:padded_rows], write_columns=write_columns)
+        query_columns = write_columns[:, None]
+        allowed = self._columns[:padded_len] <= query_columns
+        if any(cache.padding[:rows]):
+            allowed[:rows] &= ~cache.blocked[:rows, :padded_len]
+        mask = RowMask(allowed[:, None, None, :], query_columns[:, None, None], self.model.dtype)
+        plan = PackedPlan(padded_rows, padded_rows, None, None, padded_len, mask, [])
+        forward: Callable[..., Any] = self.model if step is None else step
+        output = forward(
+            input_ids=torch.tensor([tokens + [self.pad_token_id] * pad], device=device),
+            position_ids=torch.tensor([positions + [0] * pad], device=device),
+            attention_mask=self._placeholder_mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=0,
+            **{PLAN_KWARG: plan},
+        )
+        return output.logits[0, :rows].float()
 
     def _plan(
         self, rows: int, total: int, singles: list[tuple[int, int]], chunks: list[tuple[int, int, int]]
@@ -149,3 +227,17 @@ class ModelRunner:
             mask = RowMask(allowed[None, None], own[None, None], self.model.dtype)
             chunk_plans.append(ChunkPlan(row, start, end, kv_len, mask))
         return PackedPlan(rows, total, single_rows, single_tokens, single_kv_len, single_mask, chunk_plans)
+
+
+@torch.inference_mode()
+def _warm_bucket(model: PreTrainedModel, capacity: int, max_len: int, pad_token_id: int, bucket: Bucket) -> None:
+    """Run one decode step of this bucket through the compiled forward on a scratch runner (its own cache), so
+    the graph is made while the real batchers go on stepping."""
+    scratch = ModelRunner(model, capacity, max_len, pad_token_id)
+    rows, columns = bucket
+    for row in range(rows):
+        scratch.claim(f"warm{row}")
+    scratch.forward([[pad_token_id]] * rows)  # allocates the scratch cache, eager
+    scratch.cache.lengths[:rows] = [columns - 1] * rows
+    forward = step_compiler(model, capacity, max_len, partial(_warm_bucket, model, capacity, max_len, pad_token_id))
+    scratch._decode_with([pad_token_id] * rows, [0] * rows, forward.forward, bucket)
