@@ -72,7 +72,6 @@ class PackedPlan:
     total_tokens: int
     single_rows: torch.Tensor | None  # rows with exactly one new token (None: every row, in order)
     single_tokens: torch.Tensor | None  # their positions in the packed sequence
-    single_kv_len: int
     single_mask: RowMask | None  # every row in use, one query each
     chunks: list[ChunkPlan]
 
@@ -143,11 +142,13 @@ def packed_attention(
         else:
             single_query = query.new_zeros((plan.rows, heads, 1, query.shape[3]))
             single_query[plan.single_rows, :, 0] = tokens[plan.single_tokens]
+        mask = plan.single_mask.additive(window)
+        kv_len = mask.shape[-1]  # read from the mask, so a compiled step may keep it symbolic
         attended = attend(
             single_query,
-            key[: plan.rows, :, : plan.single_kv_len],
-            value[: plan.rows, :, : plan.single_kv_len],
-            plan.single_mask.additive(window),
+            key[: plan.rows, :, :kv_len],
+            value[: plan.rows, :, :kv_len],
+            mask,
             scaling,
             softcap,
             sinks,

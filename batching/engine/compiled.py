@@ -1,20 +1,21 @@
-"""Compiled decode steps: `torch.compile` of the model's own forward, one graph per shape bucket.
+"""Compiled decode steps: `torch.compile` of the model's own forward, one graph per slot count and cache length.
 
-A decode step (every row one new token) is padded to the batcher's slot count and its cached columns rounded up
-to a multiple of `kv_step`, so a few graphs cover every step with static shapes and no graph breaks. Graphs are
-made in a background thread on a scratch copy of the cache; until a bucket's graph is ready, steps run eager.
-Prompt chunks always run eager: their shapes vary too much to be worth a graph each.
+A decode step (every row one new token) is padded to the batcher's slot count, and its cached columns are
+rounded up to a multiple of `KV_STEP` and kept symbolic, so one graph with no graph breaks covers every decode
+step of a batcher whatever the history (measured: no recompile from 128 to 512 columns). The graph is made in a
+background thread on a scratch runner with its own cache; until it is ready, steps run eager. Prompt chunks
+always run eager: their shapes vary too much to be worth graphs.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
@@ -22,29 +23,43 @@ from transformers import PreTrainedModel
 logger = logging.getLogger(__name__)
 
 Bucket = tuple[int, int]  # (rows, cached columns) of a padded decode step
-KV_STEP = 128
+KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler would specialise on)
 
 _compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., object]] = weakref.WeakKeyDictionary()
 _compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int], StepCompiler]] = (
     weakref.WeakKeyDictionary()
 )
-_compiled_lock = threading.Lock()
+_lock = threading.RLock()
+
+
+def default_cache_dir() -> Path:
+    """Where compiled graphs are kept by default: the user's cache folder, never the repository."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "batchscope" / "torch-compile"
+
+
+def use_compile_cache(folder: Path | None = None) -> Path:
+    """Keep torch's compile caches (inductor's FX graphs, kernels, AOT graphs) in `folder`, so a second start
+    reuses the graphs of the first instead of compiling them again. Call before the first compile."""
+    folder = folder or default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)  # read by inductor at each cache lookup
+    return folder
 
 
 def compiled_forward(model: PreTrainedModel) -> Callable[..., object]:
-    """One compiled forward per model, shared by every batcher on it (graphs of equal shapes are reused)."""
-    with _compiled_lock:
+    """One compiled forward per model, shared by every batcher on it."""
+    with _lock:
         forward = _compiled.get(model)
         if forward is None:
-            forward = torch.compile(model.forward, fullgraph=True, dynamic=False)
-            _compiled[model] = forward
+            forward = _compiled[model] = torch.compile(model.forward, fullgraph=True, dynamic=None)
         return forward
 
 
 def step_compiler(model: PreTrainedModel, capacity: int, max_len: int, warm: Callable[[Bucket], None]) -> StepCompiler:
-    """The compiler of decode steps of this model, slot count and cache length: batchers of one shape share it,
-    so a batcher made after another finds its graphs ready."""
-    with _compiled_lock:
+    """The compiler of this model's decode steps for a slot count and cache length: batchers of one shape share
+    it, so a batcher made after another finds the graph ready."""
+    with _lock:
         compilers = _compilers.setdefault(model, {})
         compiler = compilers.get((capacity, max_len))
         if compiler is None:
@@ -52,107 +67,71 @@ def step_compiler(model: PreTrainedModel, capacity: int, max_len: int, warm: Cal
         return compiler
 
 
-@dataclass
-class CompileTimes:
-    """Seconds spent making each bucket's graph (the benchmark reports them apart from run time)."""
-
-    seconds: dict[Bucket, float] = field(default_factory=dict)
-
-    @property
-    def total_s(self) -> float:
-        return sum(self.seconds.values())
-
-
 class StepCompiler:
-    """Which decode buckets have a graph ready; compiles a missing one in a background thread when a step asks.
+    """Whether the decode graph is ready; makes it in a background thread the first time a step asks for it.
 
-    `warm(bucket)` runs one step of that bucket through the compiled forward on scratch state (the runner
-    provides it), which is what makes the graph.
+    `warm(bucket)` runs one step of that shape through the compiled forward on scratch state (the runner provides
+    it), which is what makes the graph.
     """
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        capacity: int,
-        max_len: int,
-        warm: Callable[[Bucket], None],
-        kv_step: int = KV_STEP,
-    ) -> None:
-        if kv_step < 1:
-            raise ValueError(f"kv_step={kv_step} is not allowed: must be >= 1")
+    def __init__(self, model: PreTrainedModel, capacity: int, max_len: int, warm: Callable[[Bucket], None]) -> None:
         self.forward = compiled_forward(model)
         self.capacity = capacity
         self.max_len = max_len
-        self.kv_step = kv_step
-        self.times = CompileTimes()
+        self.compile_s: float | None = None  # how long making the graph took, once made
+        self.failed = False
         self._warm = warm
-        self._ready: set[Bucket] = set()
-        self._failed: set[Bucket] = set()
-        self._queued: set[Bucket] = set()
-        self._queue: queue.Queue[Bucket] = queue.Queue()
+        self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def bucket(self, rows: int, kv_len: int) -> Bucket:
-        """The padded shape of a decode step with `rows` rows reading `kv_len` cached columns."""
-        columns = -(-kv_len // self.kv_step) * self.kv_step
-        return self.capacity, min(columns, self.max_len)
-
-    def step(self, bucket: Bucket) -> Callable[..., object] | None:
-        """The compiled forward when this bucket's graph is ready; else None (run eager) and its compile is queued."""
-        if bucket in self._ready:
-            return self.forward
-        self._enqueue(bucket)
-        return None
-
-    def compile_now(self, buckets: list[Bucket]) -> None:
-        """Make these buckets' graphs in this thread (the benchmark does, before it times anything)."""
-        for bucket in buckets:
-            if bucket not in self._ready:
-                self._make(bucket)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until every queued compile has finished; False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._lock:
-                if not self._queued:
-                    return True
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
+    def bucket(self, rows: int, kv_len: int) -> Bucket | None:
+        """The padded shape of a decode step with `rows` rows reading `kv_len` cached columns; None for a step that
+        reads the cache's last column (a symbolic length equal to the cache's would be specialised on)."""
+        columns = min(-(-kv_len // KV_STEP) * KV_STEP, self.max_len - 1)
+        return (self.capacity, columns) if kv_len <= columns else None
 
     @property
-    def ready(self) -> frozenset[Bucket]:
-        return frozenset(self._ready)
+    def ready(self) -> bool:
+        return self._ready.is_set()
 
-    def _enqueue(self, bucket: Bucket) -> None:
+    def step(self) -> Callable[..., object] | None:
+        """The compiled forward when its graph is ready; else None (run eager) and the graph is made meanwhile."""
+        if self._ready.is_set():
+            return self.forward
+        self.start()
+        return None
+
+    def start(self) -> None:
+        """Make the graph in a background thread (once; a failure leaves the steps eager for good)."""
         with self._lock:
-            if bucket in self._queued or bucket in self._failed:
-                return
-            self._queued.add(bucket)
-            self._queue.put(bucket)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="batchscope-compile", daemon=True)
+            if self._thread is None and not self._ready.is_set():
+                self._thread = threading.Thread(target=self._make, name="batchscope-compile", daemon=True)
                 self._thread.start()
 
-    def _work(self) -> None:
-        while True:
-            bucket = self._queue.get()
-            try:
-                self._make(bucket)
-            finally:
-                with self._lock:
-                    self._queued.discard(bucket)
+    def compile_now(self) -> float | None:
+        """Make the graph in this thread (the benchmark does, before it times anything); returns its seconds, or
+        None when it could not be made (the steps stay eager)."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        elif not self._ready.is_set():
+            self._make()
+        return self.compile_s
 
-    def _make(self, bucket: Bucket) -> None:
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the graph is ready; False on timeout or when it failed."""
+        return self._ready.wait(timeout)
+
+    def _make(self) -> None:
         start = time.perf_counter()
         try:
-            self._warm(bucket)
+            self._warm((self.capacity, min(2 * KV_STEP, self.max_len - 1)))
         except Exception:  # a model the compiler cannot handle keeps running eager
-            logger.exception("compiling decode steps of shape %s failed; they stay eager", bucket)
-            self._failed.add(bucket)
+            logger.exception("compiling the decode step failed; steps stay eager")
+            self.failed = True
             return
-        self.times.seconds[bucket] = time.perf_counter() - start
-        self._ready.add(bucket)
-        logger.info("decode steps of shape %s compiled in %.1f s", bucket, self.times.seconds[bucket])
+        self.compile_s = time.perf_counter() - start
+        self._ready.set()
+        logger.info("decode steps of %d rows compiled in %.1f s", self.capacity, self.compile_s)

@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, RowMask, use_packed_attention
-from batching.engine.compiled import Bucket, StepCompiler, step_compiler
+from batching.engine.compiled import Bucket, StepCompiler, compiled_forward, step_compiler
 from batching.engine.kv_cache import SlotKVCache, StepPlan
 from batching.engine.model_support import check_supported
 
@@ -42,15 +42,18 @@ class ModelRunner:
         self.max_position = max_len - 1 if max_position is None else max_position
         self.pad_token_id = pad_token_id
         num_layers = model.config.get_text_config().num_hidden_layers
-        self.cache = SlotKVCache(num_layers, capacity, max_len, self.device)
-        self._columns = torch.arange(max_len, device=self.device)
-        self._row_range = torch.arange(capacity, device=self.device)
+        # Inference tensors whoever builds the runner: a compiled step's guards check it, and the scratch runner
+        # that makes the graphs is built in inference mode.
+        with torch.inference_mode():
+            self.cache = SlotKVCache(num_layers, capacity, max_len, self.device)
+            self._columns = torch.arange(max_len, device=self.device)
+            self._row_range = torch.arange(capacity, device=self.device)
+            # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
+            self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
         if compile_steps:
             warm = partial(_warm_bucket, model, capacity, max_len, pad_token_id)
             self.compiler = step_compiler(model, capacity, max_len, warm)
-        # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
-        self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         use_packed_attention(model)
 
     # --- cache rows: the runner is the only way into the cache -------------------------------------------------
@@ -144,10 +147,10 @@ class ModelRunner:
         return output.logits[0].float()
 
     def _decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """A decode step, compiled when this step's bucket has a graph ready (else eager, and its graph is queued)."""
+        """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile)."""
         if self.compiler is not None:
             bucket = self.compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
-            step = self.compiler.step(bucket)
+            step = self.compiler.step() if bucket is not None else None
             if step is not None:
                 return self._decode_with(tokens, positions, step, bucket)
         return self._decode_with(tokens, positions, None, None)
@@ -159,11 +162,11 @@ class ModelRunner:
         step: Callable[..., object] | None,
         bucket: Bucket | None,
     ) -> torch.Tensor:
-        """A step where every row decodes one token: the shape buckets the compiled steps are made for.
+        """A step where every row decodes one token.
 
-        Eager, rows and cached columns are exact. With a compiled step ready for this bucket, rows are padded to
-        the bucket (the padding rows are free cache rows: they write their column 0 and attend to it alone) and
-        the columns to a multiple of the bucket's width, so a handful of graphs covers every step.
+        Eager, rows and cached columns are exact. Compiled, rows are padded to the bucket's (the padding rows are
+        free cache rows: they write their column 0 and attend to it alone) and the columns rounded up to the
+        bucket's, which the graph keeps symbolic.
         """
         cache, rows = self.cache, len(tokens)
         padded_rows, padded_len = (rows, max(cache.lengths[:rows]) + 1) if step is None or bucket is None else bucket
@@ -177,7 +180,9 @@ class ModelRunner:
         if any(cache.padding[:rows]):
             allowed[:rows] &= ~cache.blocked[:rows, :padded_len]
         mask = RowMask(allowed[:, None, None, :], query_columns[:, None, None], self.model.dtype)
-        plan = PackedPlan(padded_rows, padded_rows, None, None, padded_len, mask, [])
+        if step is not None:
+            torch._dynamo.mark_dynamic(mask.allowed, 3)
+        plan = PackedPlan(padded_rows, padded_rows, None, None, mask, [])
         forward: Callable[..., Any] = self.model if step is None else step
         output = forward(
             input_ids=torch.tensor([tokens + [self.pad_token_id] * pad], device=device),
@@ -226,18 +231,17 @@ class ModelRunner:
                 allowed |= columns == own  # a padding query attends to itself only
             mask = RowMask(allowed[None, None], own[None, None], self.model.dtype)
             chunk_plans.append(ChunkPlan(row, start, end, kv_len, mask))
-        return PackedPlan(rows, total, single_rows, single_tokens, single_kv_len, single_mask, chunk_plans)
+        return PackedPlan(rows, total, single_rows, single_tokens, single_mask, chunk_plans)
 
 
 @torch.inference_mode()
 def _warm_bucket(model: PreTrainedModel, capacity: int, max_len: int, pad_token_id: int, bucket: Bucket) -> None:
-    """Run one decode step of this bucket through the compiled forward on a scratch runner (its own cache), so
-    the graph is made while the real batchers go on stepping."""
+    """Run one decode step of this shape through the compiled forward on a scratch runner with its own cache, so
+    the graph is made while the real batchers go on stepping on theirs."""
     scratch = ModelRunner(model, capacity, max_len, pad_token_id)
     rows, columns = bucket
     for row in range(rows):
         scratch.claim(f"warm{row}")
     scratch.forward([[pad_token_id]] * rows)  # allocates the scratch cache, eager
     scratch.cache.lengths[:rows] = [columns - 1] * rows
-    forward = step_compiler(model, capacity, max_len, partial(_warm_bucket, model, capacity, max_len, pad_token_id))
-    scratch._decode_with([pad_token_id] * rows, [0] * rows, forward.forward, bucket)
+    scratch._decode_with([pad_token_id] * rows, [0] * rows, compiled_forward(model), bucket)
