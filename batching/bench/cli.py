@@ -26,6 +26,7 @@ import transformers
 from tqdm import tqdm
 
 from batching.arrivals import Schedule
+from batching.bench.floor import format_floor, measure_floor
 from batching.bench.hf_peer import HFPeer
 from batching.bench.plan import ModeRun, Plan
 from batching.bench.report import compare, format_report, machine_info, mode_report
@@ -51,7 +52,8 @@ from model.prompting import format_prompt
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 
-MODES = ("static", "continuous", "hf")
+MODES = ("static", "continuous", "compiled", "hf")
+COMPILED = "compiled"  # the continuous batcher with compiled decode steps
 WARM_UP_TOKENS = 4
 
 
@@ -67,7 +69,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m batching.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", required=True, help="built-in name, 'random', or a .json/.csv file")
-    parser.add_argument("--modes", default="static,continuous", help="comma list of static, continuous, hf")
+    parser.add_argument("--modes", default="static,continuous", help="comma list of " + ", ".join(MODES))
+    parser.add_argument("--floor", action="store_true", help="also time an 8-row decode step against raw matmuls")
     parser.add_argument("--policy", choices=list(POLICIES), help="admission order (default: settings)")
     parser.add_argument("--batch-size", type=int, help="slots (default: the workload's)")
     parser.add_argument("--max-batched-tokens", type=int, help="tokens per step (default: settings)")
@@ -184,7 +187,7 @@ def _template(settings: Settings) -> tuple[str, str]:
 # --- running ------------------------------------------------------------------------------------------------------
 def run_batcher(mode: str, loaded: LoadedModel, plan: Plan, progress: tqdm | None = None) -> ModeRun:
     """One run of our static or continuous batcher on a fresh batcher (fresh slots, same model)."""
-    batcher = Batcher(loaded.model, loaded.tokenizer, plan.options, mode=mode)
+    batcher = _batcher(mode, loaded, plan)
 
     def build(index: int, arrival: float) -> Request:
         params = RequestParams(plan.caps[index], ignore_eos=plan.ignore_eos)
@@ -201,6 +204,24 @@ def run_batcher(mode: str, loaded: LoadedModel, plan: Plan, progress: tqdm | Non
     return ModeRun(scheduled.record, kv_lens)
 
 
+def _batcher(mode: str, loaded: LoadedModel, plan: Plan) -> Batcher:
+    if mode == COMPILED:
+        return Batcher(loaded.model, loaded.tokenizer, replace(plan.options, compile_steps=True), mode="continuous")
+    return Batcher(loaded.model, loaded.tokenizer, plan.options, mode=mode)
+
+
+def compile_steps(plan: Plan, loaded: LoadedModel) -> float | None:
+    """Make the compiled mode's decode graph before anything is timed; its seconds are reported on their own."""
+    if COMPILED not in plan.modes:
+        return None
+    compiler = _batcher(COMPILED, loaded, plan).runner.compiler
+    assert compiler is not None, "the compiled mode's batcher compiles its steps"
+    seconds = compiler.compile_now()
+    if seconds is None:
+        raise BenchError("the compiled mode's decode step could not be compiled (see the log above)")
+    return seconds
+
+
 def warm_up(plan: Plan, loaded: LoadedModel, peer: HFPeer | None) -> None:
     """One short untimed run per mode: first-call allocations and lazy initialisation stay out of the timings."""
     count = min(len(plan.caps), 2)
@@ -211,7 +232,7 @@ def warm_up(plan: Plan, loaded: LoadedModel, peer: HFPeer | None) -> None:
         schedule=Schedule.at_once(count),
     )
     for mode in plan.modes:
-        if mode in BATCHER_MODES:
+        if mode in (*BATCHER_MODES, COMPILED):
             run_batcher(mode, loaded, short)
     if peer is not None:
         peer.warm_up(plan.prompt_ids[0], WARM_UP_TOKENS)
@@ -299,9 +320,11 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> 
     loaded = load(args, settings)
     check_supported(loaded.model)  # a model the engine cannot run exactly is refused before any request
     plan = make_plan(args, settings, loaded, inputs)
+    compile_s = compile_steps(plan, loaded)
     with contextlib.ExitStack() as stack:
         peer = stack.enter_context(start_peer(args, settings, plan)) if "hf" in plan.modes else None
         runs = run_all(plan, loaded, peer, args.repeat, show=not args.no_progress)
+    floor = measure_floor(loaded.model) if args.floor else None
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}
     modes = {mode: mode_report(run, plan, runs[mode]) for mode, run in medians.items()}
     compare(modes)
@@ -320,6 +343,8 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> 
         "machine": machine_info(loaded),
         "modes": modes,
         "first_error": first_error(runs),
+        "compile_s": compile_s,
+        "floor": floor,
     }
     if args.plot:
         from batching.bench.plot import save_plot
@@ -343,6 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(result))
+    if result["compile_s"] is not None:
+        print(f"compile: the compiled mode's decode graph took {result['compile_s']:.1f} s, outside the run times")
+    if result["floor"] is not None:
+        print(format_floor(result["floor"]))
     if args.json:
         args.json.write_text(json.dumps(json_safe(result), indent=1, allow_nan=False), encoding="utf-8")
     if result["first_error"]:  # figures of failed requests measure nothing: say so, and fail the command
