@@ -120,10 +120,6 @@ class StepCompiler:
             self._make()
         return self.compile_s
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the graph is ready; False on timeout or when it failed."""
-        return self._ready.wait(timeout)
-
     def _make(self) -> None:
         start = time.perf_counter()
         try:
