@@ -92,6 +92,12 @@ class EngineSettings(BaseModel):
     max_engines: int = Field(4, ge=1, le=64, description="shared engines (one per batch size and policy) at once")
     idle_engine_timeout_s: float = Field(60.0, gt=0, le=86400, description="an engine no one used this long is closed")
     session_timeout_s: float = Field(5.0, gt=0, le=3600, description="a silent tab's requests are cancelled")
+    compile_steps: bool = Field(
+        False, description="compile decode steps (torch.compile) in the background; steps run eager until ready"
+    )
+    compile_cache_dir: Path | None = Field(
+        None, description="compiled graphs kept on disk; default: <user cache>/batchscope/torch-compile"
+    )
 
 
 class PromptSettings(BaseModel):

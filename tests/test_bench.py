@@ -7,12 +7,15 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from batching.bench.cli import ModeRun, main
+from batching.bench.floor import floor_step
 from batching.bench.plot import bench_chart
 from batching.bench.report import speedup_figures, step_time_stats
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.request import FinishReason
+from tests.engine_helpers import loaded
 from utils.metrics import RunRecord, percentile
 
 CAPS = [6, 2, 9, 3, 5, 4]
@@ -265,3 +268,33 @@ def test_a_model_the_engine_cannot_run_exactly_is_refused_with_exit_code_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith("bench: error: model type lfm2 is not supported: it has conv layers")
+
+
+def test_the_compiled_mode_and_the_floor_are_reported_with_compile_time_apart(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "out.json"
+    argv = ["--workload", str(_json_workload(tmp_path)), "--modes", "continuous,compiled", "--model"]
+    argv += [str(tiny_model_dirs["llama"]), "--ignore-eos", "--floor", "--json", str(out)]
+    assert _run(argv) == 0
+    result = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert result["compile_s"] > 0 and f"took {result['compile_s']:.1f} s, outside the run times" in printed
+    continuous, compiled = result["modes"]["continuous"], result["modes"]["compiled"]
+    assert [r["output_ids"] for r in compiled["requests"]] == [r["output_ids"] for r in continuous["requests"]]
+    assert compiled["output_tokens"] == sum(CAPS)
+    floor = result["floor"]
+    assert floor["rows"] == 8 and floor["floor_ms"] > 0
+    assert floor["eager_over_floor"] == pytest.approx(floor["eager_ms"] / floor["floor_ms"])
+    assert floor["compiled_over_floor"] == pytest.approx(floor["compiled_ms"] / floor["floor_ms"])
+    assert printed.strip().splitlines()[-1].startswith("floor: a 8-row decode step over 100 cached tokens")
+
+
+def test_the_floor_reads_every_linear_weight_once(tiny_model_dirs: dict[str, Path]) -> None:
+    model = loaded(str(tiny_model_dirs["llama"])).model
+    step = floor_step(model, rows=8)
+    outputs = step()
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert sum(out.shape[1] for out in outputs) == sum(m.out_features for m in linear)
+    assert all(out.shape[0] == 8 for out in outputs)
+    assert len(outputs) == len({m.in_features for m in linear})  # one raw matmul per input width

@@ -30,6 +30,7 @@ import transformers
 from tqdm import tqdm
 
 from batching.arrivals import Schedule
+from batching.bench.floor import format_floor, measure_floor
 from batching.bench.gguf_convert import GGUFConversionError, check_convertible, convert
 from batching.bench.hf_peer import HFPeer
 from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, ServerSettings, find_server
@@ -57,8 +58,9 @@ from model.prompting import format_prompt
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 
-MODES = ("static", "continuous", "hf", "llamacpp")
+MODES = ("static", "continuous", "compiled", "hf", "llamacpp")
 PEERS = ("hf", "llamacpp")
+COMPILED = "compiled"  # the continuous batcher with compiled decode steps
 WARM_UP_TOKENS = 4
 
 
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m batching.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", required=True, help="built-in name, 'random', or a .json/.csv file")
     parser.add_argument("--modes", default="static,continuous", help="comma list of " + ", ".join(MODES))
+    parser.add_argument("--floor", action="store_true", help="also time an 8-row decode step against raw matmuls")
     parser.add_argument("--policy", choices=list(POLICIES), help="admission order (default: settings)")
     parser.add_argument("--batch-size", type=int, help="slots (default: the workload's)")
     parser.add_argument("--max-batched-tokens", type=int, help="tokens per step (default: settings)")
@@ -197,7 +200,7 @@ def _template(settings: Settings) -> tuple[str, str]:
 # --- running ------------------------------------------------------------------------------------------------------
 def run_batcher(mode: str, loaded: LoadedModel, plan: Plan, progress: tqdm | None = None) -> ModeRun:
     """One run of our static or continuous batcher on a fresh batcher (fresh slots, same model)."""
-    batcher = Batcher(loaded.model, loaded.tokenizer, plan.options, mode=mode)
+    batcher = _batcher(mode, loaded, plan)
 
     def build(index: int, arrival: float) -> Request:
         params = RequestParams(plan.caps[index], ignore_eos=plan.ignore_eos)
@@ -214,6 +217,24 @@ def run_batcher(mode: str, loaded: LoadedModel, plan: Plan, progress: tqdm | Non
     return ModeRun(scheduled.record, kv_lens)
 
 
+def _batcher(mode: str, loaded: LoadedModel, plan: Plan) -> Batcher:
+    if mode == COMPILED:
+        return Batcher(loaded.model, loaded.tokenizer, replace(plan.options, compile_steps=True), mode="continuous")
+    return Batcher(loaded.model, loaded.tokenizer, plan.options, mode=mode)
+
+
+def compile_steps(plan: Plan, loaded: LoadedModel) -> float | None:
+    """Make the compiled mode's decode graph before anything is timed; its seconds are reported on their own."""
+    if COMPILED not in plan.modes:
+        return None
+    compiler = _batcher(COMPILED, loaded, plan).runner.compiler
+    assert compiler is not None, "the compiled mode's batcher compiles its steps"
+    seconds = compiler.compile_now()
+    if seconds is None:
+        raise BenchError("the compiled mode's decode step could not be compiled (see the log above)")
+    return seconds
+
+
 def warm_up(plan: Plan, loaded: LoadedModel, peers: dict[str, Peer]) -> None:
     """One short untimed run per mode: first-call allocations and lazy initialisation stay out of the timings."""
     count = min(len(plan.caps), 2)
@@ -224,7 +245,7 @@ def warm_up(plan: Plan, loaded: LoadedModel, peers: dict[str, Peer]) -> None:
         schedule=Schedule.at_once(count),
     )
     for mode in plan.modes:
-        if mode in BATCHER_MODES:
+        if mode in (*BATCHER_MODES, COMPILED):
             run_batcher(mode, loaded, short)
     for peer in peers.values():
         peer.warm_up(plan.prompt_ids[0], WARM_UP_TOKENS)
@@ -356,6 +377,7 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs, lla
         except GGUFConversionError as exc:
             raise BenchError(f"llamacpp: {exc}") from None
     plan = make_plan(args, settings, loaded, inputs)
+    compile_s = compile_steps(plan, loaded)
     with contextlib.ExitStack() as stack:
         peers: dict[str, Peer] = {}
         if "hf" in plan.modes:
@@ -365,6 +387,7 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs, lla
             extra = shlex.split(args.llamacpp_args)
             peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir))
         runs = run_all(plan, loaded, peers, args.repeat, show=not args.no_progress)
+    floor = measure_floor(loaded.model) if args.floor else None
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}
     modes = {mode: mode_report(run, plan, runs[mode]) for mode, run in medians.items()}
     compare(modes)
@@ -383,6 +406,8 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs, lla
         "machine": machine_info(loaded),
         "modes": modes,
         "first_error": first_error(runs),
+        "compile_s": compile_s,
+        "floor": floor,
     }
     if args.plot:
         from batching.bench.plot import save_plot
@@ -406,6 +431,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(result))
+    if result["compile_s"] is not None:
+        print(f"compile: the compiled mode's decode graph took {result['compile_s']:.1f} s, outside the run times")
+    if result["floor"] is not None:
+        print(format_floor(result["floor"]))
     if args.json:
         args.json.write_text(json.dumps(json_safe(result), indent=1, allow_nan=False), encoding="utf-8")
     if result["first_error"]:  # figures of failed requests measure nothing: say so, and fail the command

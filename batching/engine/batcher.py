@@ -46,6 +46,7 @@ class BatcherOptions:
     max_seq_len: int = 2048
     max_prompt_tokens: int = 512
     step_detail: bool = True  # each StepEvent lists its rows (the step inspector's data); off for lean benchmarks
+    compile_steps: bool = False  # decode steps through a compiled graph once it is ready (see engine.compiled)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -116,6 +117,7 @@ class Batcher:
             max_len=context + padding_room,
             pad_token_id=pad_token_id,
             max_position=context - 1,
+            compile_steps=options.compile_steps,
         )
         self.runner.describe_masks = options.step_detail
         self.eos_ids = eos_token_ids(model, tokenizer)

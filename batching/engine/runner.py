@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, RowMask, use_packed_attention
+from batching.engine.compiled import Bucket, StepCompiler, compiled_forward, step_compiler
 from batching.engine.kv_cache import SlotKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_step, layer_windows
 from batching.engine.model_support import check_supported
@@ -23,7 +26,13 @@ class ModelRunner:
     """
 
     def __init__(
-        self, model: PreTrainedModel, capacity: int, max_len: int, pad_token_id: int, max_position: int | None = None
+        self,
+        model: PreTrainedModel,
+        capacity: int,
+        max_len: int,
+        pad_token_id: int,
+        max_position: int | None = None,
+        compile_steps: bool = False,
     ) -> None:
         check_supported(model)  # refuse before any request rather than answer wrongly
         self.model = model
@@ -34,10 +43,18 @@ class ModelRunner:
         self.max_position = max_len - 1 if max_position is None else max_position
         self.pad_token_id = pad_token_id
         num_layers = model.config.get_text_config().num_hidden_layers
-        self.cache = SlotKVCache(num_layers, capacity, max_len, self.device)
-        self._columns = torch.arange(max_len, device=self.device)
-        # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
-        self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
+        # Inference tensors whoever builds the runner: a compiled step's guards check it, and the scratch runner
+        # that makes the graphs is built in inference mode.
+        with torch.inference_mode():
+            self.cache = SlotKVCache(num_layers, capacity, max_len, self.device)
+            self._columns = torch.arange(max_len, device=self.device)
+            self._row_range = torch.arange(capacity, device=self.device)
+            # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
+            self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
+        self.compiler: StepCompiler | None = None
+        if compile_steps:
+            warm = partial(_warm_bucket, model, capacity, max_len, pad_token_id)
+            self.compiler = step_compiler(model, capacity, max_len, warm)
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None
@@ -96,7 +113,26 @@ class ModelRunner:
                 chunks.append((row, packed_start, packed_start + count))
         if not input_ids:
             raise ValueError("no row has a new token this step")
+        if len(singles) == rows and not chunks:
+            logits = self._decode(input_ids, positions)
+        else:
+            logits = self._packed(input_ids, positions, write_rows, write_columns, last_token, singles, chunks)
+        for row, tokens in enumerate(row_tokens):
+            cache.lengths[row] += len(tokens)
+        return logits
 
+    def _packed(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        write_rows: list[int],
+        write_columns: list[int],
+        last_token: list[int],
+        singles: list[tuple[int, int]],
+        chunks: list[tuple[int, int, int]],
+    ) -> torch.Tensor:
+        """A step with prompt chunks: every row's new tokens packed into one sequence, always eager."""
+        cache, rows = self.cache, len(last_token)
         device = self.device
         cache.plan = StepPlan(
             row_index=torch.tensor(write_rows, device=device),
@@ -114,9 +150,59 @@ class ModelRunner:
             logits_to_keep=torch.tensor(last_token, device=device),
             **{PLAN_KWARG: plan},
         )
-        for row, tokens in enumerate(row_tokens):
-            cache.lengths[row] += len(tokens)
         return output.logits[0].float()
+
+    def _decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile)."""
+        if self.compiler is not None:
+            bucket = self.compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
+            step = self.compiler.step() if bucket is not None else None
+            if step is not None:
+                return self._decode_with(tokens, positions, step, bucket)
+        return self._decode_with(tokens, positions, None, None)
+
+    def _decode_with(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        step: Callable[..., object] | None,
+        bucket: Bucket | None,
+    ) -> torch.Tensor:
+        """A step where every row decodes one token.
+
+        Eager, rows and cached columns are exact. Compiled, rows are padded to the bucket's (the padding rows are
+        free cache rows: they write their column 0 and attend to it alone) and the columns rounded up to the
+        bucket's, which the graph keeps symbolic.
+        """
+        cache, rows = self.cache, len(tokens)
+        padded_rows, padded_len = (rows, max(cache.lengths[:rows]) + 1) if step is None or bucket is None else bucket
+        pad = padded_rows - rows
+        columns = cache.lengths[:rows] + [0] * pad
+        device = self.device
+        write_columns = torch.tensor(columns, device=device)
+        cache.plan = StepPlan(row_index=self._row_range[:padded_rows], write_columns=write_columns)
+        query_columns = write_columns[:, None]
+        allowed = self._columns[:padded_len] <= query_columns
+        if any(cache.padding[:rows]):
+            allowed[:rows] &= ~cache.blocked[:rows, :padded_len]
+        mask = RowMask(allowed[:, None, None, :], query_columns[:, None, None], self.model.dtype)
+        if step is not None:
+            torch._dynamo.mark_dynamic(mask.allowed, 3)
+        plan = PackedPlan(padded_rows, padded_rows, None, None, mask, [])
+        if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
+            singles = [(row, row) for row in range(rows)]
+            self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
+        forward: Callable[..., Any] = self.model if step is None else step
+        output = forward(
+            input_ids=torch.tensor([tokens + [self.pad_token_id] * pad], device=device),
+            position_ids=torch.tensor([positions + [0] * pad], device=device),
+            attention_mask=self._placeholder_mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=0,
+            **{PLAN_KWARG: plan},
+        )
+        return output.logits[0, :rows].float()
 
     def _plan(
         self, rows: int, total: int, singles: list[tuple[int, int]], chunks: list[tuple[int, int, int]]
@@ -154,4 +240,17 @@ class ModelRunner:
                 allowed |= columns == own  # a padding query attends to itself only
             mask = RowMask(allowed[None, None], own[None, None], self.model.dtype)
             chunk_plans.append(ChunkPlan(row, start, end, kv_len, mask))
-        return PackedPlan(rows, total, single_rows, single_tokens, single_kv_len, single_mask, chunk_plans)
+        return PackedPlan(rows, total, single_rows, single_tokens, single_mask, chunk_plans)
+
+
+@torch.inference_mode()
+def _warm_bucket(model: PreTrainedModel, capacity: int, max_len: int, pad_token_id: int, bucket: Bucket) -> None:
+    """Run one decode step of this shape through the compiled forward on a scratch runner with its own cache, so
+    the graph is made while the real batchers go on stepping on theirs."""
+    scratch = ModelRunner(model, capacity, max_len, pad_token_id)
+    rows, columns = bucket
+    for row in range(rows):
+        scratch.claim(f"warm{row}")
+    scratch.forward([[pad_token_id]] * rows)  # allocates the scratch cache, eager
+    scratch.cache.lengths[:rows] = [columns - 1] * rows
+    scratch._decode_with([pad_token_id] * rows, [0] * rows, compiled_forward(model), bucket)

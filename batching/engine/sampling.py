@@ -57,8 +57,12 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 
 
 def finite_rows(logits: torch.Tensor) -> list[bool]:
-    """Rows whose logits are all finite; a NaN or inf row would give a meaningless token."""
-    return torch.isfinite(logits).all(dim=-1).tolist()
+    """Rows whose logits are all finite; a NaN or inf row would give a meaningless token.
+
+    A row's sum is NaN or infinite exactly when one of its logits is (finite logits do not overflow a float32 sum):
+    one reduction instead of a test of every logit.
+    """
+    return torch.isfinite(logits.sum(dim=-1)).tolist()
 
 
 def sampler_for(request: Request, device: torch.device) -> RequestSampler | None:

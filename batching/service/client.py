@@ -84,6 +84,7 @@ def engine_options(settings: Settings, batch_size: int | None = None, policy: st
         policy=policy or settings.batching.policy,
         max_seq_len=settings.batching.max_seq_len,
         max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
+        compile_steps=settings.engine.compile_steps,
     )
 
 

@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.compiled import use_compile_cache
 from batching.engine.model_support import (
     UnsupportedModelError,
     attention_features,
@@ -89,6 +90,8 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         if loaded.device.type == "cpu" and loaded.num_parameters < SMALL_MODEL and "OMP_NUM_THREADS" not in os.environ:
             # A small model's ops are too short to split: on shared cores, more threads mostly wait on each other.
             torch.set_num_threads(1)
+        if config.engine.compile_steps:  # graphs are made in the background by the first decode steps
+            use_compile_cache(config.engine.compile_cache_dir)
         # One tiny request, so the first real one does not pay for warm-up.
         warm = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=1, max_batched_tokens=64))
         warm.add("Hello", RequestParams(2))

@@ -1,0 +1,92 @@
+"""The raw-matmul floor of a decode step, and our decode step beside it, measured alternately in one run.
+
+The floor is the same maths as the model's linear layers for one `rows`-row decode step, done as one raw matmul
+per input width over all the weights of that width (every weight read once, no attention, no elementwise ops):
+what a step would cost with zero overhead. Our step is a real `ModelRunner` decode step over `history` cached
+tokens, eager and (once its graph is made) compiled.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import PreTrainedModel
+
+from batching.engine.runner import ModelRunner
+
+ROUNDS = 7
+CALLS = 20
+
+
+def floor_step(model: PreTrainedModel, rows: int) -> Callable[[], object]:
+    """One raw matmul per input width over every linear weight of that width (the LM head included)."""
+    widths: dict[int, list[torch.Tensor]] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            widths.setdefault(module.in_features, []).append(module.weight.detach())
+    weights = [torch.cat(group).t().contiguous() for group in widths.values()]
+    inputs = [torch.randn(rows, weight.shape[0], dtype=weight.dtype, device=weight.device) for weight in weights]
+
+    def step() -> object:
+        return [torch.mm(x, weight) for x, weight in zip(inputs, weights, strict=True)]
+
+    return step
+
+
+def decode_step(model: PreTrainedModel, rows: int, history: int, token_id: int, compiled: bool) -> Callable[[], object]:
+    """A decode step of `rows` rows over `history` cached tokens on a runner of its own; the cache never grows."""
+    runner = ModelRunner(model, rows, history + 64, token_id, compile_steps=compiled)
+    for row in range(rows):
+        runner.claim(f"floor{row}")
+    with torch.inference_mode():
+        runner.forward([[token_id] * history] * rows)
+    if runner.compiler is not None:
+        runner.compiler.compile_now()
+    tokens = [[token_id]] * rows
+
+    def step() -> object:
+        logits = runner.forward(tokens)
+        for row in range(rows):
+            runner.cache.lengths[row] -= 1
+        return logits
+
+    return step
+
+
+def measure_floor(model: PreTrainedModel, rows: int = 8, history: int = 100, token_id: int = 0) -> dict:
+    """Median ms per call of the floor and our eager and compiled decode steps, rounds alternating between them."""
+    steps = {
+        "floor": floor_step(model, rows),
+        "eager": decode_step(model, rows, history, token_id, compiled=False),
+        "compiled": decode_step(model, rows, history, token_id, compiled=True),
+    }
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    with torch.inference_mode():
+        for _ in range(ROUNDS):
+            for name, step in steps.items():
+                step()
+                start = time.perf_counter()
+                for _ in range(CALLS):
+                    step()
+                times[name].append((time.perf_counter() - start) / CALLS * 1000)
+    medians = {f"{name}_ms": statistics.median(values) for name, values in times.items()}
+    floor = medians["floor_ms"]
+    return {
+        "rows": rows,
+        "history": history,
+        **medians,
+        "eager_over_floor": medians["eager_ms"] / floor,
+        "compiled_over_floor": medians["compiled_ms"] / floor,
+    }
+
+
+def format_floor(figures: dict) -> str:
+    return (
+        f"floor: a {figures['rows']}-row decode step over {figures['history']} cached tokens, median ms of "
+        f"alternating rounds: raw matmuls {figures['floor_ms']:.2f}, ours eager {figures['eager_ms']:.2f} "
+        f"({figures['eager_over_floor']:.2f}x the floor), compiled {figures['compiled_ms']:.2f} "
+        f"({figures['compiled_over_floor']:.2f}x)"
+    )

@@ -1,0 +1,133 @@
+"""Compiled decode steps: `torch.compile` of the model's own forward, one graph per slot count and cache length.
+
+A decode step (every row one new token) is padded to the batcher's slot count, and its cached columns are
+rounded up to a multiple of `KV_STEP` and kept symbolic, so one graph with no graph breaks covers every decode
+step of a batcher whatever the history (measured: no recompile from 128 to 512 columns). The graph is made in a
+background thread on a scratch runner with its own cache; until it is ready, steps run eager. Prompt chunks
+always run eager: their shapes vary too much to be worth graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+logger = logging.getLogger(__name__)
+
+Bucket = tuple[int, int]  # (rows, cached columns) of a padded decode step
+KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler would specialise on)
+
+_compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., object]] = weakref.WeakKeyDictionary()
+_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int], StepCompiler]] = (
+    weakref.WeakKeyDictionary()
+)
+_lock = threading.RLock()
+
+
+def default_cache_dir() -> Path:
+    """Where compiled graphs are kept by default: the user's cache folder, never the repository."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "batchscope" / "torch-compile"
+
+
+def use_compile_cache(folder: Path | None = None) -> Path:
+    """Keep torch's compile caches (inductor's FX graphs, kernels, AOT graphs) in `folder`, so a second start
+    reuses the graphs of the first instead of compiling them again. Call before the first compile."""
+    folder = folder or default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)  # read by inductor at each cache lookup
+    return folder
+
+
+def compiled_forward(model: PreTrainedModel) -> Callable[..., object]:
+    """One compiled forward per model, shared by every batcher on it."""
+    with _lock:
+        forward = _compiled.get(model)
+        if forward is None:
+            forward = _compiled[model] = torch.compile(model.forward, fullgraph=True, dynamic=None)
+        return forward
+
+
+def step_compiler(model: PreTrainedModel, capacity: int, max_len: int, warm: Callable[[Bucket], None]) -> StepCompiler:
+    """The compiler of this model's decode steps for a slot count and cache length: batchers of one shape share
+    it, so a batcher made after another finds the graph ready."""
+    with _lock:
+        compilers = _compilers.setdefault(model, {})
+        compiler = compilers.get((capacity, max_len))
+        if compiler is None:
+            compiler = compilers[(capacity, max_len)] = StepCompiler(model, capacity, max_len, warm)
+        return compiler
+
+
+class StepCompiler:
+    """Whether the decode graph is ready; makes it in a background thread the first time a step asks for it.
+
+    `warm(bucket)` runs one step of that shape through the compiled forward on scratch state (the runner provides
+    it), which is what makes the graph.
+    """
+
+    def __init__(self, model: PreTrainedModel, capacity: int, max_len: int, warm: Callable[[Bucket], None]) -> None:
+        self.forward = compiled_forward(model)
+        self.capacity = capacity
+        self.max_len = max_len
+        self.compile_s: float | None = None  # how long making the graph took, once made
+        self.failed = False
+        self._warm = warm
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def bucket(self, rows: int, kv_len: int) -> Bucket | None:
+        """The padded shape of a decode step with `rows` rows reading `kv_len` cached columns; None for a step that
+        reads the cache's last column (a symbolic length equal to the cache's would be specialised on)."""
+        columns = min(-(-kv_len // KV_STEP) * KV_STEP, self.max_len - 1)
+        return (self.capacity, columns) if kv_len <= columns else None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def step(self) -> Callable[..., object] | None:
+        """The compiled forward when its graph is ready; else None (run eager) and the graph is made meanwhile."""
+        if self._ready.is_set():
+            return self.forward
+        self.start()
+        return None
+
+    def start(self) -> None:
+        """Make the graph in a background thread (once; a failure leaves the steps eager for good)."""
+        with self._lock:
+            if self._thread is None and not self._ready.is_set():
+                self._thread = threading.Thread(target=self._make, name="batchscope-compile", daemon=True)
+                self._thread.start()
+
+    def compile_now(self) -> float | None:
+        """Make the graph in this thread (the benchmark does, before it times anything); returns its seconds, or
+        None when it could not be made (the steps stay eager)."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        elif not self._ready.is_set():
+            self._make()
+        return self.compile_s
+
+    def _make(self) -> None:
+        start = time.perf_counter()
+        try:
+            self._warm((self.capacity, min(2 * KV_STEP, self.max_len - 1)))
+        except Exception:  # a model the compiler cannot handle keeps running eager
+            logger.exception("compiling the decode step failed; steps stay eager")
+            self.failed = True
+            return
+        self.compile_s = time.perf_counter() - start
+        self._ready.set()
+        logger.info("decode steps of %d rows compiled in %.1f s", self.capacity, self.compile_s)

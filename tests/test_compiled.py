@@ -1,0 +1,121 @@
+"""Compiled decode steps: token for token equal to `generate`, one graph with no graph breaks, the engine
+answering while the graph is made, and a second start finding the graph in the on-disk cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from torch._dynamo.utils import counters
+
+from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.compiled import StepCompiler
+from batching.engine.events import TokenEvent
+from batching.engine.params import RequestParams
+from tests.engine_helpers import loaded, random_prompts, reference, run_with_late_arrivals
+
+ROOT = Path(__file__).resolve().parents[1]
+CAPS = [40, 3, 25, 60, 9, 33]
+
+
+@contextmanager
+def counting_compiled_steps(compiler: StepCompiler) -> Iterator[list[int]]:
+    """Count the steps that go through the compiled graph (a wrapper around the real compiled forward)."""
+    calls = [0]
+    forward = compiler.forward
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    compiler.forward = counted
+    try:
+        yield calls
+    finally:
+        compiler.forward = forward
+
+
+@pytest.mark.parametrize("name", ["builtin", "mistral", "qwen2"])
+def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_breaks(family_model_dirs, name) -> None:
+    folder = str(ROOT / "model" / "builtin") if name == "builtin" else str(family_model_dirs[name])
+    model = loaded(folder)
+    prompts = random_prompts(len(CAPS), vocab=300, seed=4, longest=30)
+    expected = [reference(model.model, p, c, ignore_eos=True) for p, c in zip(prompts, CAPS, strict=True)]
+    options = BatcherOptions(max_batch_size=4, max_batched_tokens=24, max_seq_len=128, compile_steps=True)
+    batcher = Batcher(model.model, model.tokenizer, options)
+    compiler = batcher.runner.compiler
+    assert compiler is not None
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    compiler.compile_now()
+    assert compiler.ready and not compiler.failed
+    with counting_compiled_steps(compiler) as calls:
+        outputs = run_with_late_arrivals(batcher, prompts, CAPS, late_from=4, join_at_step=3, ignore_eos=True)
+    for i, want in enumerate(expected):
+        assert outputs[i] == want, f"{name}: request {i} (prompt {len(prompts[i])}, cap {CAPS[i]}) differs"
+    # Histories from under 32 to over 90 columns, rows from 4 down to 1: still the one graph made up front.
+    assert calls[0] > 40
+    assert counters["stats"]["unique_graphs"] - graphs <= 1
+    assert sum(counters["graph_break"].values()) == breaks
+
+
+def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it() -> None:
+    model = loaded(str(ROOT / "model" / "builtin"))
+    # Three slots: a shape no other test compiles, so the graph is made here, in the background.
+    options = BatcherOptions(max_batch_size=3, max_batched_tokens=64, max_seq_len=512, compile_steps=True)
+    batcher = Batcher(model.model, model.tokenizer, options)
+    compiler = batcher.runner.compiler
+    assert compiler is not None and not compiler.ready
+    steps_while_compiling = 0
+    tokens = 0
+    while not compiler.ready and not compiler.failed:
+        if not batcher.has_work:
+            batcher.add([5, 6, 7], RequestParams(400, ignore_eos=True))
+        events = batcher.step()
+        tokens += sum(1 for event in events if isinstance(event, TokenEvent))
+        steps_while_compiling += 1
+        assert steps_while_compiling < 100_000, "the graph was never made"
+    assert not compiler.failed
+    assert steps_while_compiling >= 10 and tokens >= 10  # eager steps went on while the graph was made
+    with counting_compiled_steps(compiler) as calls:
+        for _ in range(5):
+            batcher.step()
+    assert calls[0] == 5  # and the next decode steps took the graph
+
+
+_SECOND_START = """
+import json, sys, torch
+sys.path.insert(0, {root!r})
+torch.set_num_threads(1)
+from batching.engine.compiled import use_compile_cache
+use_compile_cache(__import__("pathlib").Path({cache!r}))
+from batching.engine.runner import ModelRunner
+from tests.engine_helpers import loaded
+model = loaded({folder!r}).model
+runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=True)
+print(json.dumps(runner.compiler.compile_now()))
+"""
+
+
+def test_a_second_start_compiles_faster_from_the_on_disk_cache(tiny_model_dirs, tmp_path: Path) -> None:
+    script = _SECOND_START.format(root=str(ROOT), cache=str(tmp_path / "cache"), folder=str(tiny_model_dirs["llama"]))
+
+    def start() -> float:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
+        seconds = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seconds is not None, done.stderr[-2000:]
+        return float(seconds)
+
+    first = start()
+    assert any((tmp_path / "cache").iterdir())  # the graphs went to the folder given, not the default one
+    second = start()
+    assert second < first, f"second start compiled in {second:.1f} s, the first in {first:.1f} s"
+
+
+def test_compiled_steps_are_off_unless_asked() -> None:
+    model = loaded(str(ROOT / "model" / "builtin"))
+    assert Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=2)).runner.compiler is None
