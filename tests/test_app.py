@@ -708,7 +708,7 @@ def test_slow_motion_slows_the_race_on_the_page_but_not_its_clocks(tiny_env: Pat
         measured[pause_ms] = (real, sum(len(r.steps) for r in runs.values()), sum(r.wall_s for r in runs.values()))
     real, steps, clocks = measured[40]
     assert real >= 0.04 * (steps - 1)  # the page really went step by step
-    assert clocks < 2.0 * measured[0][2]  # and neither clock counted the pauses
+    assert clocks < measured[0][2] + 0.04 * (steps - 1) / 2  # and neither clock counted the pauses
 
 
 def test_a_race_lane_opens_in_the_inspector_with_its_mask_and_the_static_padded_rectangle(raced_app: AppTest) -> None:

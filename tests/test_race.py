@@ -41,10 +41,14 @@ def _race(tiny: LoadedModel, schedule: Schedule | None = None, pause_s: float = 
 
 
 def _run(race: Race) -> dict[str, list]:
+    """Step the race to its end as the engine loop does: holding each step until slow motion allows it."""
     seen: dict[str, list] = {mode: [] for mode in race.lanes}
-    while (lane_step := race.step()) is not None:
+    while True:
+        time.sleep(race.wait_s())
+        lane_step = race.step()
+        if lane_step is None:
+            return seen
         seen[lane_step.mode].extend(lane_step.events)
-    return seen
 
 
 def test_each_lane_answers_every_request_the_same_and_continuous_finishes_first(tiny: LoadedModel) -> None:
@@ -92,8 +96,11 @@ def test_a_lane_clock_is_its_step_times_plus_its_idle_jumps_and_slow_motion_is_n
         assert lane.clock.slept > 0  # it waited for the 2 s and 4 s arrivals by jumping, not sleeping
         assert record.wall_s == pytest.approx(stepping + lane.clock.slept, rel=0.05, abs=0.01)
     steps = sum(len(lane.run.record.steps) for lane in race.lanes.values())
-    assert wall >= 0.01 * (steps - 1)  # slow motion really paused between steps...
-    assert race.wait_s() > 0 or steps == 0  # ...and holds the next one
+    assert wall >= 0.01 * (steps - 1)  # the loop honoured slow motion between steps
+    fresh = _race(tiny, pause_s=0.5)
+    assert fresh.wait_s() == 0.0
+    fresh.step()
+    assert 0.4 < fresh.wait_s() <= 0.5  # a step holds the next one for the pause
 
 
 def test_a_request_added_mid_race_arrives_on_both_lanes_at_the_same_clock_time(tiny: LoadedModel) -> None:

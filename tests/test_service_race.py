@@ -123,7 +123,9 @@ def test_slow_motion_slows_the_steps_but_not_the_clocks(client: EngineClient) ->
     real, steps, walls = results[0.03][0]
     assert real >= 0.03 * (steps - 1)
     fastest = min(r[2]["continuous"] + r[2]["static"] for r in results[0.0])
-    assert walls["continuous"] + walls["static"] < 2.0 * fastest  # the pauses are on neither clock
+    paused = 0.03 * (steps - 1)
+    # The pauses are on neither clock: counted, they would add `paused` (about 10x the clocks) to the sum.
+    assert walls["continuous"] + walls["static"] < fastest + paused / 2
 
 
 def test_a_race_nobody_polls_is_closed_and_adding_to_an_ended_race_fails_that_prompt(client: EngineClient) -> None:
