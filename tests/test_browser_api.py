@@ -60,7 +60,7 @@ def test_an_api_request_shares_the_batch_with_a_tabs_run(app_with_api: tuple[str
     api_call = threading.Thread(
         target=lambda: answers.append(
             client.completions.create(
-                model="builtin", prompt="Q: Hello\nA:", max_tokens=400, temperature=0, extra_body={"ignore_eos": True}
+                model="builtin", prompt="Q: Hello\nA:", max_tokens=900, temperature=0, extra_body={"ignore_eos": True}
             )
         )
     )
@@ -74,6 +74,8 @@ def test_an_api_request_shares_the_batch_with_a_tabs_run(app_with_api: tuple[str
     page.get_by_text("finished · 11 of 11 done").wait_for(timeout=120_000)
     page.wait_for_selector(IDLE)
     api_call.join(timeout=120)
-    assert answers and answers[0].usage.completion_tokens == 400
+    assert answers and answers[0].usage.completion_tokens == 900
     # the live run saw another client's request in its steps: the page says its figures include that load
-    assert page.get_by_text("Other people's requests shared the engine during your live run").count() == 1
+    # (900 tokens keep the API request in the batch while the tab's prompts run, even on a loaded machine; the note
+    # is drawn once the replays after the run are done)
+    page.get_by_text("Other people's requests shared the engine during your live run").wait_for(timeout=120_000)
