@@ -63,7 +63,12 @@ def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_bre
     assert sum(counters["graph_break"].values()) == breaks
 
 
-def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it() -> None:
+def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # An empty compile cache: one left by an earlier run (torch's default is under /tmp) would make the graph at
+    # once, and there would be no compiling to answer through.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     model = loaded(str(ROOT / "model" / "builtin"))
     # Three slots: a shape no other test compiles, so the graph is made here, in the background.
     options = BatcherOptions(max_batch_size=3, max_batched_tokens=64, max_seq_len=512, compile_steps=True)
