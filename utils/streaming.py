@@ -64,7 +64,42 @@ def join_new_items(
     return views
 
 
-class Stream:
+def shown(view: RequestView) -> tuple[str, str]:
+    """What a prompt's placeholder shows: its status line and its answer so far."""
+    return view.status_line(), view.shown_text()
+
+
+class RedrawPacing:
+    """When a streaming loop redraws: answers at most every `text_every_s`, charts at most every `chart_every_s`
+    and then only after waiting `CHART_COST_FACTOR` times as long as they took to draw."""
+
+    def __init__(self, clock: Callable[[], float], text_every_s: float, chart_every_s: float) -> None:
+        self.clock = clock
+        self.text_every_s = text_every_s
+        self.chart_every_s = chart_every_s
+        self._last_text = 0.0
+        self._next_chart = 0.0
+
+    def text_due(self, now: float, done: bool) -> bool:
+        """Whether answers are redrawn at `now` (always once the run is done); if so, the interval restarts."""
+        if now - self._last_text >= self.text_every_s or done:
+            self._last_text = now
+            return True
+        return False
+
+    def charts_due(self, now: float, done: bool) -> bool:
+        return now >= self._next_chart or done
+
+    def charts_drawn(self, started: float) -> None:
+        """The page drew the charts of the tick at `started`: the next chart redraw waits in proportion."""
+        self._next_chart = started + max(self.chart_every_s, CHART_COST_FACTOR * (self.clock() - started))
+
+    def pause(self) -> float:
+        """Seconds to sleep before the next tick, so answers are not redrawn more often than every interval."""
+        return max(0.0, self._last_text + self.text_every_s - self.clock())
+
+
+class Stream(RedrawPacing):
     """One script run's view of a live run: `tick()` until `Redraw.done`, sleeping `pause()` in between.
 
     A click elsewhere stops the script at its next redraw; the next script run makes a new `Stream` on the same
@@ -80,19 +115,11 @@ class Stream:
         text_every_s: float = TEXT_REDRAW_S,
         chart_every_s: float = CHART_REDRAW_S,
     ) -> None:
+        super().__init__(clock, text_every_s, chart_every_s)
         self.run = run
         self.session = session
         self.compare = compare
-        self.clock = clock
-        self.text_every_s = text_every_s
-        self.chart_every_s = chart_every_s
-        self._drawn = {view.number: self._shown(view) for view in run.views}
-        self._last_text = 0.0
-        self._next_chart = 0.0
-
-    @staticmethod
-    def _shown(view: RequestView) -> tuple[str, str]:
-        return view.status_line(), view.shown_text()
+        self._drawn = {view.number: shown(view) for view in run.views}
 
     def submit_due(self, now: float) -> None:
         """Send every planned prompt whose arrival time has come; a refusal ends that prompt with the message."""
@@ -110,11 +137,8 @@ class Stream:
         self.submit_due(self.clock())
         run.fold(self.session.poll(timeout=self.text_every_s))
         now = self.clock()
-        answers = []
-        if now - self._last_text >= self.text_every_s or run.done:
-            self._last_text = now
-            answers = self._changed_answers(run.views)
-        charts = now >= self._next_chart or run.done
+        answers = self._changed_answers(run.views) if self.text_due(now, run.done) else []
+        charts = self.charts_due(now, run.done)
         # When the comparison follows, its replays' charts come next: spare the browser a redraw while they run.
         comparing = run.done and self.compare and run.completed
         return Redraw(now, answers, progress=charts, live_charts=charts and not comparing, done=run.done)
@@ -122,19 +146,11 @@ class Stream:
     def _changed_answers(self, views: Sequence[RequestView]) -> list[tuple[int, RequestView]]:
         changed = []
         for index, view in enumerate(views):
-            shown = self._shown(view)
-            if self._drawn.get(view.number) != shown:
-                self._drawn[view.number] = shown
+            now_shown = shown(view)
+            if self._drawn.get(view.number) != now_shown:
+                self._drawn[view.number] = now_shown
                 changed.append((index, view))
         return changed
-
-    def charts_drawn(self, started: float) -> None:
-        """The page drew the charts of the tick at `started`: the next chart redraw waits in proportion."""
-        self._next_chart = started + max(self.chart_every_s, CHART_COST_FACTOR * (self.clock() - started))
-
-    def pause(self) -> float:
-        """Seconds to sleep before the next tick, so answers are not redrawn more often than every interval."""
-        return max(0.0, self._last_text + self.text_every_s - self.clock())
 
 
 class RaceEnd(Protocol):
@@ -164,7 +180,7 @@ class RaceRedraw:
     done: bool = False
 
 
-class RaceStream:
+class RaceStream(RedrawPacing):
     """One script run's view of a race: `tick()` until `RaceRedraw.done`, sleeping `pause()` in between.
 
     Like `Stream`, a new script run makes a new `RaceStream` on the same `RaceRun` and picks up where it was.
@@ -178,16 +194,10 @@ class RaceStream:
         text_every_s: float = TEXT_REDRAW_S,
         chart_every_s: float = CHART_REDRAW_S,
     ) -> None:
+        super().__init__(clock, text_every_s, chart_every_s)
         self.race = race
         self.source = source
-        self.clock = clock
-        self.text_every_s = text_every_s
-        self.chart_every_s = chart_every_s
-        self._drawn = {
-            (mode, view.number): Stream._shown(view) for mode, lane in race.lanes.items() for view in lane.views
-        }
-        self._last_text = 0.0
-        self._next_chart = 0.0
+        self._drawn = {(mode, view.number): shown(view) for mode, lane in race.lanes.items() for view in lane.views}
 
     def tick(self) -> RaceRedraw:
         """Wait up to one text interval for lane steps and fold them in; say what to redraw."""
@@ -204,20 +214,11 @@ class RaceStream:
                 race.end(message.walls, message.error)
         now = self.clock()
         answers = []
-        if now - self._last_text >= self.text_every_s or race.done:
-            self._last_text = now
+        if self.text_due(now, race.done):
             for mode, lane in race.lanes.items():
                 for index, view in enumerate(lane.views):
-                    shown = Stream._shown(view)
-                    if self._drawn.get((mode, view.number)) != shown:
-                        self._drawn[(mode, view.number)] = shown
+                    now_shown = shown(view)
+                    if self._drawn.get((mode, view.number)) != now_shown:
+                        self._drawn[(mode, view.number)] = now_shown
                         answers.append((mode, index, view))
-        charts = now >= self._next_chart or race.done
-        return RaceRedraw(now, answers, charts=charts, done=race.done)
-
-    def charts_drawn(self, started: float) -> None:
-        """The page drew the charts of the tick at `started`: the next chart redraw waits in proportion."""
-        self._next_chart = started + max(self.chart_every_s, CHART_COST_FACTOR * (self.clock() - started))
-
-    def pause(self) -> float:
-        return max(0.0, self._last_text + self.text_every_s - self.clock())
+        return RaceRedraw(now, answers, charts=self.charts_due(now, race.done), done=race.done)
