@@ -45,6 +45,7 @@ def test_a_race_at_real_speed_ends_with_both_lanes_answered_and_the_speedup(page
     page.wait_for_selector(IDLE)
     main.get_by_role("button", name="Generate").click()
     page.get_by_text("continuous finished").or_(page.get_by_text("static finished")).wait_for(timeout=120_000)
+    main.get_by_text("the ratio of the two clocks").wait_for(timeout=60_000)  # drawn by the rerun after the race
     page.wait_for_selector(IDLE)
     continuous, static = lane_texts(page)
     assert len(continuous) == len(static) == 11
@@ -80,6 +81,9 @@ def test_mid_race_both_lanes_stream_a_new_prompt_joins_both_and_stop_cancels_bot
     assert page.get_by_text("running ·").count() == 1
     main.get_by_role("button", name="Stop").click()
     page.get_by_text("stopped ·").wait_for(timeout=60_000)
+    # The race's end reruns the script (so Generate and Stop redraw), and the page may read idle for a moment
+    # between the two runs: wait for what the second run draws last, then for idle.
+    page.get_by_text("No speed-up: the race was stopped").wait_for(timeout=60_000)
     page.wait_for_selector(IDLE)
     assert page.get_by_text("No speed-up: the race was stopped").count() == 1
     assert main.get_by_text("cancelled").count() + main.get_by_text("stopped before it was sent").count() >= 2
