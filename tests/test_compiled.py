@@ -11,12 +11,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import torch
 from torch._dynamo.utils import counters
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.compiled import StepCompiler
 from batching.engine.events import TokenEvent
 from batching.engine.params import RequestParams
+from batching.engine.runner import ModelRunner
 from tests.engine_helpers import loaded, random_prompts, reference, run_with_late_arrivals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,3 +127,35 @@ def test_a_second_start_compiles_faster_from_the_on_disk_cache(tiny_model_dirs, 
 def test_compiled_steps_are_off_unless_asked() -> None:
     model = loaded(str(ROOT / "model" / "builtin"))
     assert Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=2)).runner.compiler is None
+
+
+def test_two_models_of_one_architecture_each_step_on_their_own_weights() -> None:
+    # Compiled graphs hold the weights as constants and skip guards on modules: a graph made for one model must
+    # never serve another of the same class and shapes.
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.5,
+    )
+
+    def last_logits(model: LlamaForCausalLM, compiled: bool) -> torch.Tensor:
+        runner = ModelRunner(model, capacity=4, max_len=64, pad_token_id=0, compile_steps=compiled)
+        if runner.compiler is not None:
+            assert runner.compiler.compile_now() is not None
+        for row in range(3):
+            runner.claim(f"r{row}")
+        runner.forward([[1, 2, 3], [4, 5], [6]])
+        return runner.forward([[7], [8], [9]])
+
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(LlamaForCausalLM(config).eval())
+    compiled = [last_logits(model, compiled=True) for model in models]
+    for model, logits in zip(models, compiled, strict=True):
+        torch.testing.assert_close(logits, last_logits(model, compiled=False), atol=1e-4, rtol=1e-4)
+    assert (compiled[0] - compiled[1]).abs().max() > 1

@@ -133,21 +133,23 @@ def packed_attention(
     sinks: torch.Tensor | None = kwargs.get("s_aux")
     if plan is None:
         return _unplanned(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    heads = query.shape[1]
-    output = query.new_empty((1, plan.total_tokens, heads, value.shape[3]))
+    heads, total = query.shape[1], query.shape[2]  # sizes read from tensors, so a compiled step keeps them symbolic
+    output = query.new_empty((1, total, heads, value.shape[3]))
     if plan.single_mask is not None:
         tokens = query[0].transpose(0, 1)  # [tokens, heads, dim], a view
-        if plan.single_rows is None:
+        if plan.single_rows is None:  # every row decodes, in row order: one token per row
+            rows = total
             single_query = tokens.unsqueeze(2)
         else:
-            single_query = query.new_zeros((plan.rows, heads, 1, query.shape[3]))
+            rows = plan.rows
+            single_query = query.new_zeros((rows, heads, 1, query.shape[3]))
             single_query[plan.single_rows, :, 0] = tokens[plan.single_tokens]
         mask = plan.single_mask.additive(window)
-        kv_len = mask.shape[-1]  # read from the mask, so a compiled step may keep it symbolic
+        kv_len = mask.shape[-1]
         attended = attend(
             single_query,
-            key[: plan.rows, :, :kv_len],
-            value[: plan.rows, :, :kv_len],
+            key[:rows, :, :kv_len],
+            value[:rows, :, :kv_len],
             mask,
             scaling,
             softcap,

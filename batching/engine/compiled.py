@@ -1,6 +1,6 @@
 """Compiled decode steps: `torch.compile` of the model's own forward, one graph per slot count and cache length.
 
-A decode step (every row one new token) is padded to the batcher's slot count, and its cached columns are
+A decode step (every row one new token) keeps its row count symbolic (one row is padded to two), and its cached columns are
 rounded up to a multiple of `KV_STEP` and kept symbolic, so one graph with no graph breaks covers every decode
 step of a batcher whatever the history (measured: no recompile from 128 to 512 columns). The graph is made in a
 background thread on a scratch runner with its own cache; until it is ready, steps run eager. Prompt chunks
@@ -24,6 +24,18 @@ logger = logging.getLogger(__name__)
 
 Bucket = tuple[int, int]  # (rows, cached columns) of a padded decode step
 KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler would specialise on)
+
+# Measured on the embedded model, 8 rows over 100 cached tokens, 1 thread: 2.26x the raw-matmul floor with
+# inductor's defaults, 1.82x with freezing and the C++ wrapper. Freezing folds the weights into the graph as
+# constants, so the linear layers run on prepacked (oneDNN) weights, and keeps that second copy of the weights
+# while the graph lives; the C++ wrapper calls the kernels without Python between them. Guards on the model's
+# modules are skipped (its weights are constants of the graph and it never trains): the guard check went from
+# 0.24-0.43 ms a step to 0.1 ms.
+COMPILE_OPTIONS = {
+    "freezing": True,
+    "cpp_wrapper": True,
+    "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
+}
 
 _compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., object]] = weakref.WeakKeyDictionary()
 _compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int], StepCompiler]] = (
@@ -52,7 +64,9 @@ def compiled_forward(model: PreTrainedModel) -> Callable[..., object]:
     with _lock:
         forward = _compiled.get(model)
         if forward is None:
-            forward = _compiled[model] = torch.compile(model.forward, fullgraph=True, dynamic=None)
+            forward = _compiled[model] = torch.compile(
+                model.forward, fullgraph=True, dynamic=None, options=COMPILE_OPTIONS
+            )
         return forward
 
 
@@ -89,7 +103,8 @@ class StepCompiler:
         """The padded shape of a decode step with `rows` rows reading `kv_len` cached columns; None for a step that
         reads the cache's last column (a symbolic length equal to the cache's would be specialised on)."""
         columns = min(-(-kv_len // KV_STEP) * KV_STEP, self.max_len - 1)
-        return (self.capacity, columns) if kv_len <= columns else None
+        # One row is padded to two: a symbolic size of 1 would be specialised on (a second graph).
+        return (min(max(rows, 2), self.capacity), columns) if kv_len <= columns else None
 
     @property
     def ready(self) -> bool:

@@ -186,16 +186,25 @@ class ModelRunner:
         if any(cache.padding[:rows]):
             allowed[:rows] &= ~cache.blocked[:rows, :padded_len]
         mask = RowMask(allowed[:, None, None, :], query_columns[:, None, None], self.model.dtype)
+        input_ids = torch.tensor([tokens + [self.pad_token_id] * pad], device=device)
+        position_ids = torch.tensor([positions + [0] * pad], device=device)
         if step is not None:
+            # Columns and (with more than two slots) rows stay symbolic: one graph for every decode step. With two
+            # slots or fewer every compiled step has all of them (one row is padded to two).
             torch._dynamo.mark_dynamic(mask.allowed, 3)
+            if cache.capacity > 2:
+                row_index = cache.plan.row_index = self._row_range[:padded_rows].clone()
+                by_row = [(input_ids, 1), (position_ids, 1), (row_index, 0), (write_columns, 0)]
+                for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.allowed, 0)]:
+                    torch._dynamo.mark_dynamic(tensor, dim)
         plan = PackedPlan(padded_rows, padded_rows, None, None, mask, [])
         if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
             singles = [(row, row) for row in range(rows)]
             self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
         forward: Callable[..., Any] = self.model if step is None else step
         output = forward(
-            input_ids=torch.tensor([tokens + [self.pad_token_id] * pad], device=device),
-            position_ids=torch.tensor([positions + [0] * pad], device=device),
+            input_ids=input_ids,
+            position_ids=position_ids,
             attention_mask=self._placeholder_mask,
             past_key_values=cache,
             use_cache=True,
