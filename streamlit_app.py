@@ -20,6 +20,7 @@ from batching.arrivals import Schedule
 from batching.bench.workloads import builtin_workload_names, load_workload
 from batching.engine.batcher import BatcherOptions
 from batching.engine.builder import RequestBuilder
+from batching.engine.compiled import CompileState
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.model_support import UnsupportedModelError
 from batching.engine.params import RequestParams, SamplingParams
@@ -309,10 +310,23 @@ def shared_engine(service: EngineClient, settings: Settings) -> None:
             f"The shared engine had stopped ({service.last_error}); it was restarted (restart {service.restarts})."
         )
     st.sidebar.caption(f"Engines live on this server: {service.live_engines} (at most {settings.engine.max_engines})")
+    st.sidebar.caption(compile_caption(service.compile_state))
     port = settings.server.port
     if port is not None:
         get_api(service, settings.model_dump_json(), port)
         st.sidebar.caption(f"OpenAI-compatible API: http://{settings.server.host}:{port}/v1 (same engine as this page)")
+
+
+def compile_caption(state: CompileState) -> str:
+    """One line on the decode steps: eager, being compiled in the background, or compiled."""
+    if state.stage == "compiled":
+        return f"Decode steps: compiled (the graph took {state.seconds:.0f} s to make, once per batch size)."
+    return {
+        "off": "Decode steps: eager (compiling is off: BATCHSCOPE_ENGINE__COMPILE_STEPS=false).",
+        "waiting": "Decode steps: eager; the first run starts compiling them in the background.",
+        "compiling": "Decode steps: eager while their graph is compiled in the background (runs go on meanwhile).",
+        "failed": "Decode steps: eager; they could not be compiled here (the engine's log says why).",
+    }[state.stage]
 
 
 @st.cache_resource(show_spinner=False)

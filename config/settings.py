@@ -93,7 +93,7 @@ class EngineSettings(BaseModel):
     idle_engine_timeout_s: float = Field(60.0, gt=0, le=86400, description="an engine no one used this long is closed")
     session_timeout_s: float = Field(5.0, gt=0, le=3600, description="a silent tab's requests are cancelled")
     compile_steps: bool = Field(
-        False, description="compile decode steps (torch.compile) in the background; steps run eager until ready"
+        True, description="compile decode steps (torch.compile) in the background; steps run eager until ready"
     )
     compile_cache_dir: Path | None = Field(
         None, description="compiled graphs kept on disk; default: <user cache>/batchscope/torch-compile"

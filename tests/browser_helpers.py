@@ -15,6 +15,8 @@ from typing import IO
 
 import pytest
 
+from tests.engine_helpers import KEEP_EAGER
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -48,6 +50,7 @@ def start_streamlit(port: int, log: IO[bytes], env: dict[str, str] | None = None
     """`streamlit run` on `port` with the default settings (no BATCHSCOPE_ variable), its output into `log`;
     returns once it answers /_stcore/health (the caller stops it with `stop_streamlit`)."""
     clean = {name: value for name, value in os.environ.items() if not name.startswith("BATCHSCOPE_")}
+    clean[KEEP_EAGER] = os.environ.get(KEEP_EAGER, "false")
     command = [sys.executable, "-m", "streamlit", "run", "streamlit_app.py", "--server.headless", "true"]
     command += ["--server.port", str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     server = subprocess.Popen(command, cwd=ROOT, env={**clean, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)

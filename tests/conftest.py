@@ -19,6 +19,13 @@ from transformers import (
     Qwen2Config,
 )
 
+from tests.engine_helpers import KEEP_EAGER
+
+# Engines started by the tests (AppTest, browser, servers: subprocesses inherit this) run eager: compiling their
+# decode steps in the background would take both of this machine's cores for half a minute per engine. The
+# compiled path and the default's flow (eager at first, compiled when ready) have tests of their own that turn it on.
+os.environ.setdefault(KEEP_EAGER, "false")
+
 TINY_VOCAB = 384
 TOKENIZER_TEXT = [
     "How do I track my order? Use the tracking link in your confirmation email.",

@@ -13,6 +13,9 @@ from batching.engine.params import RequestParams
 from config.settings import ModelSettings
 from model.loader import LoadedModel, load_model
 
+# The setting the test session keeps at "false" (tests/conftest.py), also where a test clears BATCHSCOPE_* variables.
+KEEP_EAGER = "BATCHSCOPE_ENGINE__COMPILE_STEPS"
+
 # The attention implementation each model was loaded with: references run on it, not on the engine's.
 _NATIVE_ATTENTION: dict[int, str] = {}
 

@@ -23,6 +23,7 @@ from batching.engine.mask_view import ALLOWED, cell_kinds
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from model.prompting import extract_answer
+from tests.engine_helpers import KEEP_EAGER
 from utils import charts, export
 from utils.inspector_mask import padded_rectangle
 from utils.metrics import summarize
@@ -44,7 +45,7 @@ def _keep_torch_threads() -> Iterator[None]:
 @pytest.fixture
 def tiny_env(monkeypatch: pytest.MonkeyPatch, tiny_model_dirs: dict[str, Path]) -> Path:
     """Point the app at the tiny random llama, with a small default cap."""
-    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_")]:
+    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_") and n != KEEP_EAGER]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tiny_model_dirs["llama"]))
     monkeypatch.setenv("BATCHSCOPE_GENERATION__MAX_NEW_TOKENS", str(CAP))
@@ -137,6 +138,9 @@ def test_the_sidebar_counts_live_engines_and_new_batch_sizes_replace_idle_ones(
     at.run()
     line = next(c.value for c in at.sidebar.caption if "Engines live" in c.value)
     assert line == "Engines live on this server: 2 (at most 2)"
+    # The test session turns compiling off (tests/conftest.py), and the sidebar says so with the setting's name.
+    captions = [c.value for c in at.sidebar.caption]
+    assert any(line.startswith("Decode steps: eager (compiling is off") for line in captions), captions
 
 
 def test_adding_a_prompt_queues_it_and_clears_the_input(tiny_env: Path) -> None:
@@ -588,7 +592,7 @@ def test_the_model_line_names_the_attention_features_in_use(
 
 # --- the embedded model -------------------------------------------------------------------------------------------
 def test_the_default_embedded_model_answers_the_customer_support_example(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_")]:
+    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_") and n != KEEP_EAGER]:
         monkeypatch.delenv(name)
     at = open_app()
     assert "builtin" in next(c.value for c in at.caption if "parameters" in c.value)
@@ -648,7 +652,7 @@ def test_the_comparison_table_and_the_export_carry_the_waste_meters(finished_app
 def raced_app(tiny_model_dirs: dict[str, Path]) -> Iterator[AppTest]:
     """The same five prompts as `finished_app`, raced (the default) with 2 slots."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        for name in [n for n in os.environ if n.startswith("BATCHSCOPE_")]:
+        for name in [n for n in os.environ if n.startswith("BATCHSCOPE_") and n != KEEP_EAGER]:
             monkeypatch.delenv(name)
         monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tiny_model_dirs["llama"]))
         monkeypatch.setenv("BATCHSCOPE_GENERATION__MAX_NEW_TOKENS", str(CAP))

@@ -12,6 +12,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from tests.browser_helpers import free_port
+from tests.engine_helpers import KEEP_EAGER
 from tests.remote_helpers import our_server
 
 APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
@@ -27,7 +28,7 @@ def _keep_torch_threads() -> Iterator[None]:
 @pytest.fixture
 def remote_env(monkeypatch: pytest.MonkeyPatch, tiny_model_dirs: dict[str, Path]) -> pytest.MonkeyPatch:
     """The page on the tiny model (its own checks), its sidebar defaulting to a remote server."""
-    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_")]:
+    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_") and n != KEEP_EAGER]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tiny_model_dirs["llama"]))
     return monkeypatch

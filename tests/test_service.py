@@ -9,6 +9,7 @@ import signal
 import statistics
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -46,7 +47,10 @@ def client(tiny_model_dirs):
         ModelSettings(name_or_path=str(tiny_model_dirs["qwen2"]), device="cpu", dtype="float32"),
         TokenizerSettings(),
         EngineSettings(
-            max_engines=MAX_ENGINES, idle_engine_timeout_s=IDLE_ENGINE_S, session_timeout_s=SESSION_TIMEOUT_S
+            max_engines=MAX_ENGINES,
+            idle_engine_timeout_s=IDLE_ENGINE_S,
+            session_timeout_s=SESSION_TIMEOUT_S,
+            compile_steps=False,
         ),
         initializer=fail_sampling_with_seed_666,
     )
@@ -368,7 +372,8 @@ def test_kill_9_of_the_engine_process_ends_waiting_requests_and_the_next_call_re
 def test_the_engine_also_starts_in_a_fresh_interpreter_and_speaks_the_same_protocol(tiny_model_dirs, qwen) -> None:
     """The start used when the client's process has initialised CUDA (a fork could not use it)."""
     settings = ModelSettings(name_or_path=str(tiny_model_dirs["qwen2"]), device="cpu", dtype="float32")
-    process = EngineProcess(EngineConfig(settings, TokenizerSettings(), EngineSettings()), fresh=True)
+    config = EngineConfig(settings, TokenizerSettings(), EngineSettings(compile_steps=False))
+    process = EngineProcess(config, fresh=True)
     try:
         ready = process.outputs.recv()
         assert isinstance(ready, Ready) and ready.info.pid == process.pid != os.getpid()
@@ -385,3 +390,42 @@ def test_the_engine_also_starts_in_a_fresh_interpreter_and_speaks_the_same_proto
     finally:
         if process.exit_code() is None:
             process.kill()
+
+
+def test_the_engine_answers_while_its_steps_compile_then_says_they_are_compiled(tiny_model_dirs, qwen, tmp_path):
+    """The default: an engine starts eager, the first decode steps start the compile in the background, requests
+    are answered meanwhile, and the engine says when its steps are compiled; answers stay exact throughout."""
+    config = EngineConfig(
+        ModelSettings(name_or_path=str(tiny_model_dirs["qwen2"]), device="cpu", dtype="float32"),
+        TokenizerSettings(),
+        EngineSettings(compile_steps=True, compile_cache_dir=tmp_path / "graphs"),  # an empty cache: a real compile
+    )
+    compiling = EngineClient(config, LimitSettings())
+    try:
+        options = replace(OPTIONS, max_batch_size=5, compile_steps=True)  # a shape no other test compiles
+        session = compiling.open_session(options)
+        assert wait_for(lambda: compiling.compile_state.stage == "waiting")
+        stages, answered_while_compiling = set(), 0
+        prompts = random_prompts(40, vocab=300, seed=11, longest=12)
+        index = 0
+        deadline = time.monotonic() + 600
+        while compiling.compile_state.stage != "compiled" and time.monotonic() < deadline:
+            stages.add(compiling.compile_state.stage)
+            if len(session.pending) < 5 and index < len(prompts):
+                session.submit(prompts[index], RequestParams(60, ignore_eos=True))
+                index += 1
+            for event in session.poll(timeout=0.05):
+                if isinstance(event, FinishedEvent):
+                    assert event.reason is FinishReason.LENGTH, event.error
+                    answered_while_compiling += compiling.compile_state.stage == "compiling"
+        state = compiling.compile_state
+        assert state.stage == "compiled" and state.seconds is not None and state.seconds > 0, (state, stages)
+        assert "compiling" in stages and answered_while_compiling >= 1
+        drain(session)
+        after = [session.submit(prompt, RequestParams(30, ignore_eos=True)) for prompt in prompts[:4]]
+        done = {e.request_id: e for e in drain(session) if isinstance(e, FinishedEvent)}
+        for submitted, prompt in zip(after, prompts[:4], strict=True):
+            want = reference(qwen.model, prompt, 30, ignore_eos=True)
+            assert list(done[submitted.request_id].output_ids) == want
+    finally:
+        compiling.close()

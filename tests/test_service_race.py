@@ -28,7 +28,7 @@ def client(tiny_model_dirs) -> Iterator[EngineClient]:
     config = EngineConfig(
         ModelSettings(name_or_path=str(tiny_model_dirs["qwen2"]), device="cpu", dtype="float32"),
         TokenizerSettings(),
-        EngineSettings(session_timeout_s=SESSION_TIMEOUT_S),
+        EngineSettings(session_timeout_s=SESSION_TIMEOUT_S, compile_steps=False),
     )
     made = EngineClient(config, LimitSettings())
     yield made

@@ -31,7 +31,7 @@ def client(tiny_model_dirs):
     config = EngineConfig(
         ModelSettings(name_or_path=str(tiny_model_dirs["llama"]), device="cpu", dtype="float32"),
         TokenizerSettings(),
-        EngineSettings(),
+        EngineSettings(compile_steps=False),
     )
     made = EngineClient(config, LimitSettings(max_queue_per_session=8, max_queue_total=8))
     yield made

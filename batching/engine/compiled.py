@@ -1,10 +1,11 @@
 """Compiled decode steps: `torch.compile` of the model's own forward, one graph per slot count and cache length.
 
-A decode step (every row one new token) keeps its row count symbolic (one row is padded to two), and its cached columns are
-rounded up to a multiple of `KV_STEP` and kept symbolic, so one graph with no graph breaks covers every decode
-step of a batcher whatever the history (measured: no recompile from 128 to 512 columns). The graph is made in a
-background thread on a scratch runner with its own cache; until it is ready, steps run eager. Prompt chunks
-always run eager: their shapes vary too much to be worth graphs.
+A decode step (every row one new token) keeps its row count symbolic (one row is padded to two, as a size of 1
+would be specialised on), and its cached columns are rounded up to a multiple of `KV_STEP` and kept symbolic, so
+one graph with no graph breaks covers every decode step of a batcher, whatever its rows and history. The graph
+is made in a background thread on a scratch runner with its own cache; until it is ready, steps run eager. Prompt
+chunks always run eager: their shapes vary too much to be worth graphs, and they are compute-bound (their matmuls
+ran at the machine's peak here).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel
@@ -31,7 +34,7 @@ KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler
 # while the graph lives; the C++ wrapper calls the kernels without Python between them. Guards on the model's
 # modules are skipped (its weights are constants of the graph and it never trains): the guard check went from
 # 0.24-0.43 ms a step to 0.1 ms.
-COMPILE_OPTIONS = {
+COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "freezing": True,
     "cpp_wrapper": True,
     "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
@@ -81,6 +84,33 @@ def step_compiler(model: PreTrainedModel, capacity: int, max_len: int, warm: Cal
         return compiler
 
 
+CompileStage = Literal["off", "waiting", "compiling", "compiled", "failed"]
+
+
+@dataclass(frozen=True)
+class CompileState:
+    """Where the compiled decode steps of a model stand, for people watching the engine."""
+
+    stage: CompileStage  # waiting: on, but no decode step has asked for a graph yet
+    seconds: float | None = None  # how long the slowest graph took to make, once every one is made
+
+
+def compile_state(model: PreTrainedModel, enabled: bool) -> CompileState:
+    """The state of every decode graph of `model`: failed if any failed, compiling while any is being made."""
+    if not enabled:
+        return CompileState("off")
+    with _lock:
+        compilers = list(_compilers.get(model, {}).values())
+    started = [compiler for compiler in compilers if compiler.started]
+    if any(compiler.failed for compiler in started):
+        return CompileState("failed")
+    if not started:
+        return CompileState("waiting")
+    if not all(compiler.ready for compiler in started):
+        return CompileState("compiling")
+    return CompileState("compiled", max(compiler.compile_s or 0.0 for compiler in started))
+
+
 class StepCompiler:
     """Whether the decode graph is ready; makes it in a background thread the first time a step asks for it.
 
@@ -97,6 +127,7 @@ class StepCompiler:
         self._warm = warm
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started = False
         self._lock = threading.Lock()
 
     def bucket(self, rows: int, kv_len: int) -> Bucket | None:
@@ -109,6 +140,11 @@ class StepCompiler:
     @property
     def ready(self) -> bool:
         return self._ready.is_set()
+
+    @property
+    def started(self) -> bool:
+        """Whether making the graph has begun (in the background or in `compile_now`)."""
+        return self._started
 
     def step(self) -> Callable[..., object] | None:
         """The compiled forward when its graph is ready; else None (run eager) and the graph is made meanwhile."""
@@ -136,11 +172,14 @@ class StepCompiler:
         return self.compile_s
 
     def _make(self) -> None:
+        self._started = True
         start = time.perf_counter()
         try:
             self._warm((self.capacity, min(2 * KV_STEP, self.max_len - 1)))
-        except Exception:  # a model the compiler cannot handle keeps running eager
-            logger.exception("compiling the decode step failed; steps stay eager")
+        except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            logger.warning("compiling the decode step failed, steps stay eager: %s: %s", type(exc).__name__, first_line)
+            logger.debug("compile failure", exc_info=True)
             self.failed = True
             return
         self.compile_s = time.perf_counter() - start

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from batching.arrivals import Schedule
 from batching.engine.batcher import MODES, BatcherOptions
 from batching.engine.builder import RequestBuilder
+from batching.engine.compiled import CompileState
 from batching.engine.events import FinishedEvent, RowKind, StepEvent
 from batching.engine.model_support import UnsupportedModelError
 from batching.engine.params import RequestParams
@@ -221,6 +222,11 @@ class EngineClient:
     @property
     def live_engines(self) -> int:
         return self.stats.live_engines
+
+    @property
+    def compile_state(self) -> CompileState:
+        """Whether the engine's decode steps are compiled yet (see `batching.engine.compiled`)."""
+        return self.stats.compile
 
     def load(self, options: BatcherOptions) -> BatcherLoad:
         """What the shared batcher for `options` holds now, from its latest step and the requests still pending."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.compiled import CompileState, compile_state
 from batching.engine.events import Event, FinishedEvent
 from batching.engine.request import FinishReason, Request
 from batching.race import RACE_MODES, LaneStep, Race
@@ -80,6 +81,7 @@ class EngineCore:
         self.private: dict[str, PrivateBatcher] = {}
         self.races: dict[str, Race] = {}
         self.owner: dict[str, BatcherOptions] = {}  # in-flight shared request -> its batcher
+        self._compile_sent: CompileState | None = None
 
     @property
     def has_work(self) -> bool:
@@ -97,7 +99,9 @@ class EngineCore:
         return min(race.wait_s(now) for race in self.races.values())
 
     def stats(self) -> EngineStats:
-        return EngineStats(tuple(self.shared), len(self.private) + len(RACE_MODES) * len(self.races))
+        self._compile_sent = compile_state(self.model, self.settings.compile_steps)
+        live = len(self.private) + len(RACE_MODES) * len(self.races)
+        return EngineStats(tuple(self.shared), live, self._compile_sent)
 
     # --- commands ---------------------------------------------------------------------------------------------
     def handle(self, command: Command) -> None:
@@ -229,6 +233,8 @@ class EngineCore:
         for race_id, race in list(self.races.items()):
             if race.wait_s(now) == 0.0:
                 self._step_race(race_id, race)
+        if compile_state(self.model, self.settings.compile_steps) != self._compile_sent:  # a graph was made
+            self.emit(self.stats())
 
     def _step_shared(self, options: BatcherOptions, shared: SharedBatcher) -> None:
         try:

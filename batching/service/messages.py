@@ -9,10 +9,11 @@ Engine -> client: `Ready` or `LoadFailed` once, then `Outputs` (one per batcher 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batching.arrivals import Schedule
 from batching.engine.batcher import BatcherOptions
+from batching.engine.compiled import CompileState
 from batching.engine.events import Event
 from batching.engine.request import Request
 from batching.race import LaneStep
@@ -194,10 +195,11 @@ class RaceEnded:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """Live batchers, sent whenever the set changes."""
+    """Live batchers and the compiled steps' state, sent whenever either changes."""
 
     shared: tuple[BatcherOptions, ...] = ()
     private: int = 0
+    compile: CompileState = field(default_factory=lambda: CompileState("off"))
 
     @property
     def live_engines(self) -> int:
