@@ -30,8 +30,8 @@ KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler
 
 # Measured on the embedded model, 8 rows over 100 cached tokens, 1 thread: 2.26x the raw-matmul floor with
 # inductor's defaults, 1.82x with freezing and the C++ wrapper. Freezing folds the weights into the graph as
-# constants, so the linear layers run on prepacked (oneDNN) weights, and keeps that second copy of the weights
-# while the graph lives; the C++ wrapper calls the kernels without Python between them. Guards on the model's
+# constants (inductor may prepack them; a second copy of the weights lives as long as the graph); the C++ wrapper
+# calls the kernels without Python between them. Guards on the model's
 # modules are skipped (its weights are constants of the graph and it never trains): the guard check went from
 # 0.24-0.43 ms a step to 0.1 ms.
 COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
