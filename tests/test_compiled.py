@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.compiled import StepCompiler
 from batching.engine.events import TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.runner import ModelRunner
+from tests.conftest import TINY_CONFIGS
 from tests.engine_helpers import loaded, random_prompts, reference, run_with_late_arrivals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,15 +133,7 @@ def test_compiled_steps_are_off_unless_asked() -> None:
 def test_two_models_of_one_architecture_each_step_on_their_own_weights() -> None:
     # Compiled graphs hold the weights as constants and skip guards on modules: a graph made for one model must
     # never serve another of the same class and shapes.
-    config = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.5,
-    )
+    config = TINY_CONFIGS["llama"]
 
     def last_logits(model: LlamaForCausalLM, compiled: bool) -> torch.Tensor:
         runner = ModelRunner(model, capacity=4, max_len=64, pad_token_id=0, compile_steps=compiled)

@@ -69,7 +69,6 @@ class PackedPlan:
     """How this step's packed tokens map onto cache rows; built once per step, read by every layer."""
 
     rows: int
-    total_tokens: int
     single_rows: torch.Tensor | None  # rows with exactly one new token (None: every row, in order)
     single_tokens: torch.Tensor | None  # their positions in the packed sequence
     single_mask: RowMask | None  # every row in use, one query each

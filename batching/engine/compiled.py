@@ -31,9 +31,8 @@ KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler
 # Measured on the embedded model, 8 rows over 100 cached tokens, 1 thread: 2.26x the raw-matmul floor with
 # inductor's defaults, 1.82x with freezing and the C++ wrapper. Freezing folds the weights into the graph as
 # constants (inductor may prepack them; a second copy of the weights lives as long as the graph); the C++ wrapper
-# calls the kernels without Python between them. Guards on the model's
-# modules are skipped (its weights are constants of the graph and it never trains): the guard check went from
-# 0.24-0.43 ms a step to 0.1 ms.
+# calls the kernels without Python between them. Guards on the model's modules are skipped (its weights are
+# constants of the graph and it never trains): the guard check went from 0.24-0.43 ms a step to 0.1 ms.
 COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "freezing": True,
     "cpp_wrapper": True,
@@ -177,7 +176,7 @@ class StepCompiler:
         try:
             self._warm((self.capacity, min(2 * KV_STEP, self.max_len - 1)))
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            first_line = (str(exc).strip().splitlines() or [""])[0]
             logger.warning("compiling the decode step failed, steps stay eager: %s: %s", type(exc).__name__, first_line)
             logger.debug("compile failure", exc_info=True)
             self.failed = True

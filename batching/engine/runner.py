@@ -180,7 +180,9 @@ class ModelRunner:
         columns = cache.lengths[:rows] + [0] * pad
         device = self.device
         write_columns = torch.tensor(columns, device=device)
-        cache.plan = StepPlan(row_index=self._row_range[:padded_rows], write_columns=write_columns)
+        # A copy when compiled, so the rows can be marked symbolic on a tensor of its own (below).
+        row_index = self._row_range[:padded_rows] if step is None else self._row_range[:padded_rows].clone()
+        cache.plan = StepPlan(row_index=row_index, write_columns=write_columns)
         query_columns = write_columns[:, None]
         allowed = self._columns[:padded_len] <= query_columns
         if any(cache.padding[:rows]):
@@ -193,11 +195,10 @@ class ModelRunner:
             # slots or fewer every compiled step has all of them (one row is padded to two).
             torch._dynamo.mark_dynamic(mask.allowed, 3)
             if cache.capacity > 2:
-                row_index = cache.plan.row_index = self._row_range[:padded_rows].clone()
                 by_row = [(input_ids, 1), (position_ids, 1), (row_index, 0), (write_columns, 0)]
                 for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.allowed, 0)]:
                     torch._dynamo.mark_dynamic(tensor, dim)
-        plan = PackedPlan(padded_rows, padded_rows, None, None, mask, [])
+        plan = PackedPlan(padded_rows, None, None, mask, [])
         if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
             singles = [(row, row) for row in range(rows)]
             self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
@@ -249,7 +250,7 @@ class ModelRunner:
                 allowed |= columns == own  # a padding query attends to itself only
             mask = RowMask(allowed[None, None], own[None, None], self.model.dtype)
             chunk_plans.append(ChunkPlan(row, start, end, kv_len, mask))
-        return PackedPlan(rows, total, single_rows, single_tokens, single_mask, chunk_plans)
+        return PackedPlan(rows, single_rows, single_tokens, single_mask, chunk_plans)
 
 
 @torch.inference_mode()
