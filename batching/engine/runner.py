@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -53,7 +54,8 @@ class ModelRunner:
             self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
         if compile_steps:
-            warm = partial(_warm_bucket, model, capacity, max_len, pad_token_id)
+            # A weak reference: the compiler outlives no model (it is kept per model, in a weak dictionary).
+            warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id)
             self.compiler = step_compiler(model, capacity, max_len, warm)
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
@@ -202,7 +204,7 @@ class ModelRunner:
         if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
             singles = [(row, row) for row in range(rows)]
             self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
-        forward: Callable[..., Any] = self.model if step is None else step
+        forward: Callable[..., Any] = self.model if step is None else partial(step, self.model)
         output = forward(
             input_ids=input_ids,
             position_ids=position_ids,
@@ -254,9 +256,14 @@ class ModelRunner:
 
 
 @torch.inference_mode()
-def _warm_bucket(model: PreTrainedModel, capacity: int, max_len: int, pad_token_id: int, bucket: Bucket) -> None:
+def _warm_bucket(
+    model_ref: weakref.ref[PreTrainedModel], capacity: int, max_len: int, pad_token_id: int, bucket: Bucket
+) -> None:
     """Run one decode step of this shape through the compiled forward on a scratch runner with its own cache, so
     the graph is made while the real batchers go on stepping on theirs."""
+    model = model_ref()
+    if model is None:
+        raise RuntimeError("the model was unloaded before its decode graph was made")
     scratch = ModelRunner(model, capacity, max_len, pad_token_id)
     rows, columns = bucket
     for row in range(rows):
