@@ -47,6 +47,7 @@ class BatcherOptions:
     max_prompt_tokens: int = 512
     step_detail: bool = True  # each StepEvent lists its rows (the step inspector's data); off for lean benchmarks
     compile_steps: bool = False  # decode steps through a compiled graph once it is ready (see engine.compiled)
+    compile_autotune: bool = True  # the compiler picks its matrix kernels by timing them (a longer first compile)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -118,6 +119,7 @@ class Batcher:
             pad_token_id=pad_token_id,
             max_position=context - 1,
             compile_steps=options.compile_steps,
+            compile_autotune=options.compile_autotune,
         )
         self.runner.describe_masks = options.step_detail
         self.eos_ids = eos_token_ids(model, tokenizer)

@@ -31,22 +31,29 @@ Bucket = tuple[int, int]  # (rows, cached columns) of a padded decode step
 KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler would specialise on)
 
 # Measured on the embedded model, 8 rows over 100 cached tokens, 1 thread, against raw matmuls over the same
-# weights: 2.2x that floor with inductor's defaults; 1.58x with the weights frozen into the graph (packed once for
-# MKL); 1.04-1.19x with `max_autotune` choosing inductor's C++ GEMM templates for the linear layers (they beat the
-# packed MKL call 1.3-4x at 8 rows and won every choice it timed). The C++ wrapper calls the kernels without
-# Python between them. Guards on the model's modules are skipped (its weights are constants of the graph and it
-# never trains): the guard check went from 0.24-0.43 ms a step to 0.1 ms. Freezing only takes effect with dynamo's
-# `prepare_freezing` on while the graph is traced (else the weights stay graph inputs): see `StepCompiler._make`.
+# weights: 2.2x that floor with inductor's defaults; 1.83x with the weights frozen into the graph (packed once for
+# MKL; 28 s to compile); 1.31x with `max_autotune` choosing inductor's C++ GEMM templates for the linear layers
+# (70 s to compile: each template is timed against the packed MKL call, which it beat 1.3-9x at 8 rows).
+# - Freezing only takes effect with dynamo's `prepare_freezing` on while the graph is traced (else the weights
+#   stay graph inputs): see `StepCompiler._make`.
+# - The C++ wrapper calls the kernels without Python between them.
+# - Guards on the model's modules are skipped (its weights are constants of the graph and it never trains): the
+#   guard check went from 0.24-0.43 ms a step to 0.1 ms.
 COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "freezing": True,
     "cpp_wrapper": True,
     "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
+}
+AUTOTUNE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "max_autotune": True,
     "max_autotune_gemm_backends": "CPP,ATEN",  # ATEN too: the attention's batched matmuls have no C++ template
+    # Its timings are not printed (to stderr, a table per matrix shape): the log says what was compiled and how long.
+    "autotune_num_choices_displayed": 0,
+    "max_autotune_report_choices_stats": False,
 }
 
-_compiled: weakref.WeakKeyDictionary[torch.nn.Module, Callable[..., object]] = weakref.WeakKeyDictionary()
-_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int], StepCompiler]] = (
+_compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[bool, Callable[..., object]]] = weakref.WeakKeyDictionary()
+_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int, bool], StepCompiler]] = (
     weakref.WeakKeyDictionary()
 )
 _lock = threading.RLock()
@@ -68,20 +75,23 @@ def use_compile_cache(folder: Path | None = None) -> Path:
     return folder
 
 
-def compiled_forward(model: PreTrainedModel) -> Callable[..., object]:
-    """One compiled forward per model, shared by every batcher on it: call it with the model, then its inputs.
+def compiled_forward(model: PreTrainedModel, autotune: bool) -> Callable[..., object]:
+    """One compiled forward per model (and autotune choice), shared by every batcher on it: call it with the model,
+    then its inputs.
 
     Each model gets a code object of its own to compile: dynamo keeps its graphs on the code object it starts
     from, and its guards cannot tell two models of one class apart (a model is guarded by type, not identity), so
     through `model.forward` a second model would run the first one's graph, with the first one's weights frozen in.
     """
     with _lock:
-        forward = _compiled.get(model)
+        forwards = _compiled.setdefault(model, {})
+        forward = forwards.get(autotune)
         if forward is None:
             code = _run_model.__code__.replace(co_name=f"_run_model_{next(_model_numbers)}")
             run = types.FunctionType(code, _run_model.__globals__, code.co_name)
+            options = {**COMPILE_OPTIONS, **(AUTOTUNE_OPTIONS if autotune else {})}
             # Holds no reference to the model: the entry (and the graphs, with their copy of the weights) goes with it.
-            forward = _compiled[model] = torch.compile(run, fullgraph=True, dynamic=None, options=COMPILE_OPTIONS)
+            forward = forwards[autotune] = torch.compile(run, fullgraph=True, dynamic=None, options=options)
         return forward
 
 
@@ -89,14 +99,17 @@ def _run_model(model: PreTrainedModel, **inputs: Any) -> object:
     return model(**inputs)
 
 
-def step_compiler(model: PreTrainedModel, capacity: int, max_len: int, warm: Callable[[Bucket], None]) -> StepCompiler:
+def step_compiler(
+    model: PreTrainedModel, capacity: int, max_len: int, autotune: bool, warm: Callable[[Bucket], None]
+) -> StepCompiler:
     """The compiler of this model's decode steps for a slot count and cache length: batchers of one shape share
     it, so a batcher made after another finds the graph ready."""
     with _lock:
         compilers = _compilers.setdefault(model, {})
-        compiler = compilers.get((capacity, max_len))
+        key = (capacity, max_len, autotune)
+        compiler = compilers.get(key)
         if compiler is None:
-            compiler = compilers[(capacity, max_len)] = StepCompiler(model, capacity, max_len, warm)
+            compiler = compilers[key] = StepCompiler(model, capacity, max_len, autotune, warm)
         return compiler
 
 
@@ -134,8 +147,10 @@ class StepCompiler:
     it), which is what makes the graph.
     """
 
-    def __init__(self, model: PreTrainedModel, capacity: int, max_len: int, warm: Callable[[Bucket], None]) -> None:
-        self.forward = compiled_forward(model)
+    def __init__(
+        self, model: PreTrainedModel, capacity: int, max_len: int, autotune: bool, warm: Callable[[Bucket], None]
+    ) -> None:
+        self.forward = compiled_forward(model, autotune)
         self.capacity = capacity
         self.max_len = max_len
         self.compile_s: float | None = None  # how long making the graph took, once made

@@ -34,6 +34,7 @@ class ModelRunner:
         pad_token_id: int,
         max_position: int | None = None,
         compile_steps: bool = False,
+        compile_autotune: bool = True,
     ) -> None:
         check_supported(model)  # refuse before any request rather than answer wrongly
         self.model = model
@@ -55,8 +56,8 @@ class ModelRunner:
         self.compiler: StepCompiler | None = None
         if compile_steps:
             # A weak reference: the compiler outlives no model (it is kept per model, in a weak dictionary).
-            warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id)
-            self.compiler = step_compiler(model, capacity, max_len, warm)
+            warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id, compile_autotune)
+            self.compiler = step_compiler(model, capacity, max_len, compile_autotune, warm)
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None
@@ -257,7 +258,12 @@ class ModelRunner:
 
 @torch.inference_mode()
 def _warm_bucket(
-    model_ref: weakref.ref[PreTrainedModel], capacity: int, max_len: int, pad_token_id: int, bucket: Bucket
+    model_ref: weakref.ref[PreTrainedModel],
+    capacity: int,
+    max_len: int,
+    pad_token_id: int,
+    autotune: bool,
+    bucket: Bucket,
 ) -> None:
     """Run one decode step of this shape through the compiled forward on a scratch runner with its own cache, so
     the graph is made while the real batchers go on stepping on theirs."""
@@ -270,4 +276,4 @@ def _warm_bucket(
         scratch.claim(f"warm{row}")
     scratch.forward([[pad_token_id]] * rows)  # allocates the scratch cache, eager
     scratch.cache.lengths[:rows] = [columns - 1] * rows
-    scratch._decode_with([pad_token_id] * rows, [0] * rows, compiled_forward(model), bucket)
+    scratch._decode_with([pad_token_id] * rows, [0] * rows, compiled_forward(model, autotune), bucket)

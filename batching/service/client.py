@@ -86,6 +86,7 @@ def engine_options(settings: Settings, batch_size: int | None = None, policy: st
         max_seq_len=settings.batching.max_seq_len,
         max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
         compile_steps=settings.engine.compile_steps,
+        compile_autotune=settings.engine.compile_autotune,
     )
 
 
