@@ -211,7 +211,10 @@ def run_batcher(mode: str, loaded: LoadedModel, plan: Plan, progress: tqdm | Non
     for event in scheduled.events():
         if isinstance(event, StepEvent):
             requests = scheduled.requests
-            kv_lens.append(max(len(requests[rid].all_ids) for rid in event.slots if rid))
+            # Lengths only: `all_ids` would copy every history between the timed steps.
+            kv_lens.append(
+                max(len(requests[rid].prompt_ids) + len(requests[rid].output_ids) for rid in event.slots if rid)
+            )
         elif isinstance(event, FinishedEvent) and progress is not None:
             progress.update(1)
     return ModeRun(scheduled.record, kv_lens)

@@ -24,7 +24,7 @@ from batching.engine.model_support import context_reason, model_context_length
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request, RequestState
 from batching.engine.runner import ModelRunner
-from batching.engine.sampling import RequestSampler, finite_rows, greedy_tokens, sampler_for
+from batching.engine.sampling import RequestSampler, greedy_tokens, sampler_for
 from batching.engine.scheduler import ContinuousScheduler, ScheduledBatch, Scheduler, StaticScheduler, check_policy
 
 logger = logging.getLogger(__name__)
@@ -251,14 +251,14 @@ class Batcher:
         if not ready:
             return
         greedy = greedy_tokens(logits)
-        finite = finite_rows(logits)
         now = self.clock()
         for row, request in ready:
             try:  # one bad request ends alone; the others go on
-                if not finite[row]:
+                greedy_token = greedy[row]
+                if greedy_token is None:
                     raise FloatingPointError("the model produced NaN or infinite logits")
                 sampler = self._samplers[request.request_id]
-                token = greedy[row] if sampler is None else sampler.choose(logits[row], request.all_ids)
+                token = greedy_token if sampler is None else sampler.choose(logits[row], request.all_ids)
                 self._accept(request, token, now, events)
             except Exception as exc:
                 logger.warning("request %s failed: %s", request.request_id, exc)

@@ -170,6 +170,7 @@ class ModelRunner:
         positions: list[int],
         step: Callable[..., object] | None,
         bucket: Bucket | None,
+        trace: bool = False,
     ) -> torch.Tensor:
         """A step where every row decodes one token.
 
@@ -193,9 +194,10 @@ class ModelRunner:
         mask = RowMask(allowed[:, None, None, :], query_columns[:, None, None], self.model.dtype)
         input_ids = torch.tensor([tokens + [self.pad_token_id] * pad], device=device)
         position_ids = torch.tensor([positions + [0] * pad], device=device)
-        if step is not None:
+        if trace:
             # Columns and (with more than two slots) rows stay symbolic: one graph for every decode step. With two
-            # slots or fewer every compiled step has all of them (one row is padded to two).
+            # slots or fewer every compiled step has all of them (one row is padded to two). Only the step that makes
+            # the graph marks them (50 us a step): the graph's own guards accept every size of a symbolic dimension.
             torch._dynamo.mark_dynamic(mask.allowed, 3)
             if cache.capacity > 2:
                 by_row = [(input_ids, 1), (position_ids, 1), (row_index, 0), (write_columns, 0)]
@@ -276,4 +278,4 @@ def _warm_bucket(
         scratch.claim(f"warm{row}")
     scratch.forward([[pad_token_id]] * rows)  # allocates the scratch cache, eager
     scratch.cache.lengths[:rows] = [columns - 1] * rows
-    scratch._decode_with([pad_token_id] * rows, [0] * rows, compiled_forward(model, autotune), bucket)
+    scratch._decode_with([pad_token_id] * rows, [0] * rows, compiled_forward(model, autotune), bucket, trace=True)

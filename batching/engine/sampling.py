@@ -51,18 +51,14 @@ class RequestSampler:
         return int(torch.multinomial(probs, num_samples=1, generator=self.generator))
 
 
-def greedy_tokens(logits: torch.Tensor) -> list[int]:
-    """Argmax of every row at once: one call for the whole batch."""
-    return logits.argmax(dim=-1).tolist()
-
-
-def finite_rows(logits: torch.Tensor) -> list[bool]:
-    """Rows whose logits are all finite; a NaN or inf row would give a meaningless token.
+def greedy_tokens(logits: torch.Tensor) -> list[int | None]:
+    """Argmax of every row at once, None for a row with a NaN or infinite logit (it would give a meaningless token).
 
     A row's sum is NaN or infinite exactly when one of its logits is (finite logits do not overflow a float32 sum):
-    one reduction instead of a test of every logit.
+    one reduction instead of a test of every logit, and one list for both answers.
     """
-    return torch.isfinite(logits.sum(dim=-1)).tolist()
+    finite = torch.isfinite(logits.sum(dim=-1))
+    return [None if token < 0 else token for token in torch.where(finite, logits.argmax(dim=-1), -1).tolist()]
 
 
 def sampler_for(request: Request, device: torch.device) -> RequestSampler | None:
