@@ -65,6 +65,8 @@ class HFPeer:
             num_blocks=batch_size * (math.ceil(max_len / PAGE_SIZE) + 1),
             page_size=PAGE_SIZE,
             allow_block_sharing=False,
+            # Its CUDA graphs on a GPU (its own default turns them off for attentions that take a mask, SDPA's).
+            use_cuda_graph=True if model.device.type == "cuda" else None,
         )
         generation = GenerationConfig(
             do_sample=False,

@@ -3,9 +3,9 @@
 A decode step (every row one new token) keeps its row count symbolic (one row is padded to two, as a size of 1
 would be specialised on), and its cached columns are rounded up to a multiple of `KV_STEP` and kept symbolic, so
 one graph with no graph breaks covers every decode step of a batcher, whatever its rows and history. The graph
-is made in a background thread on a scratch runner with its own cache; until it is ready, steps run eager. Prompt
-chunks always run eager: their shapes vary too much to be worth graphs, and they are compute-bound (their matmuls
-ran at the machine's peak here).
+is made in a background thread on a scratch runner with its own cache; until it is ready, steps run eager. Steps
+with prompt chunks always run eager: their shapes vary with every chunk (a big prompt step's matmuls ran at the
+machine's peak here, but a step admitting one prompt next to decode rows pays the eager forward's fixed cost).
 """
 
 from __future__ import annotations
