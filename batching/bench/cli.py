@@ -168,6 +168,7 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
             max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
             max_seq_len=settings.batching.max_seq_len,
             step_detail=not args.no_step_detail,
+            compile_autotune=settings.engine.compile_autotune,  # for the compiled mode
         )
     except ValueError as exc:  # batch size or token budget out of range
         raise BenchError(str(exc)) from None

@@ -43,6 +43,9 @@ COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "freezing": True,
     "cpp_wrapper": True,
     "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
+    # On a GPU, inductor's matmul padding pass specialised the symbolic column count to a constant (64) and the
+    # compile failed (H100, torch 2.11); the pass does nothing on a CPU.
+    "shape_padding": False,
 }
 AUTOTUNE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "max_autotune": True,
