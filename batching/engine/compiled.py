@@ -93,7 +93,7 @@ def compiled_forward(model: PreTrainedModel, autotune: bool) -> Callable[..., ob
             code = _run_model.__code__.replace(co_name=f"_run_model_{next(_model_numbers)}")
             run = types.FunctionType(code, _run_model.__globals__, code.co_name)
             options = {**COMPILE_OPTIONS, **(AUTOTUNE_OPTIONS if autotune else {})}
-            # Holds no reference to the model: the entry (and the graphs, with their copy of the weights) goes with it.
+            # Not bound to the model (it is passed at each call): the weak dictionary does not keep its own key alive.
             forward = forwards[autotune] = torch.compile(run, fullgraph=True, dynamic=None, options=options)
         return forward
 

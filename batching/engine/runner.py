@@ -55,7 +55,7 @@ class ModelRunner:
             self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
         if compile_steps:
-            # A weak reference: the compiler outlives no model (it is kept per model, in a weak dictionary).
+            # A weak reference: the compiler is a value of a weak dictionary keyed by this model.
             warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id, compile_autotune)
             self.compiler = step_compiler(model, capacity, max_len, compile_autotune, warm)
         use_packed_attention(model)
