@@ -102,9 +102,10 @@ def _run_model(model: PreTrainedModel, **inputs: Any) -> object:
     return model(**inputs)
 
 
-def step_compiler(
-    model: PreTrainedModel, capacity: int, max_len: int, autotune: bool, warm: Callable[[Bucket], None]
-) -> StepCompiler:
+Warm = Callable[[Callable[..., object], Bucket], None]  # runs one step of a bucket through a compiled forward
+
+
+def step_compiler(model: PreTrainedModel, capacity: int, max_len: int, autotune: bool, warm: Warm) -> StepCompiler:
     """The compiler of this model's decode steps for a slot count and cache length: batchers of one shape share
     it, so a batcher made after another finds the graph ready."""
     with _lock:
@@ -146,13 +147,11 @@ def compile_state(model: PreTrainedModel, enabled: bool) -> CompileState:
 class StepCompiler:
     """Whether the decode graph is ready; makes it in a background thread the first time a step asks for it.
 
-    `warm(bucket)` runs one step of that shape through the compiled forward on scratch state (the runner provides
-    it), which is what makes the graph.
+    `warm(forward, bucket)` runs one step of that shape through the compiled forward on scratch state (the runner
+    provides it), which is what makes the graph.
     """
 
-    def __init__(
-        self, model: PreTrainedModel, capacity: int, max_len: int, autotune: bool, warm: Callable[[Bucket], None]
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, capacity: int, max_len: int, autotune: bool, warm: Warm) -> None:
         self.forward = compiled_forward(model, autotune)
         self.capacity = capacity
         self.max_len = max_len
@@ -211,7 +210,7 @@ class StepCompiler:
         try:
             # Freezing folds the weights into the graph only if dynamo records them as the model's parameters.
             with torch._dynamo.config.patch(prepare_freezing=True):
-                self._warm((self.capacity, min(2 * KV_STEP, self.max_len - 1)))
+                self._warm(self.forward, (self.capacity, min(2 * KV_STEP, self.max_len - 1)))
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
             first_line = (str(exc).strip().splitlines() or [""])[0]
             logger.warning("compiling the decode step failed, steps stay eager: %s: %s", type(exc).__name__, first_line)

@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, RowMask, use_packed_attention
-from batching.engine.compiled import Bucket, StepCompiler, compiled_forward, step_compiler
+from batching.engine.compiled import Bucket, StepCompiler, step_compiler
 from batching.engine.kv_cache import SlotKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_step, layer_windows
 from batching.engine.model_support import check_supported
@@ -56,7 +56,7 @@ class ModelRunner:
         self.compiler: StepCompiler | None = None
         if compile_steps:
             # A weak reference: the compiler is a value of a weak dictionary keyed by this model.
-            warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id, compile_autotune)
+            warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id)
             self.compiler = step_compiler(model, capacity, max_len, compile_autotune, warm)
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
@@ -184,7 +184,8 @@ class ModelRunner:
         columns = cache.lengths[:rows] + [0] * pad
         device = self.device
         write_columns = torch.tensor(columns, device=device)
-        # A copy when compiled, so the rows can be marked symbolic on a tensor of its own (below).
+        # A tensor of its own when compiled: the tracing step marks its rows symbolic (below), and the later steps
+        # pass their rows just as the graph was traced with them.
         row_index = self._row_range[:padded_rows] if step is None else self._row_range[:padded_rows].clone()
         cache.plan = StepPlan(row_index=row_index, write_columns=write_columns)
         query_columns = write_columns[:, None]
@@ -264,7 +265,7 @@ def _warm_bucket(
     capacity: int,
     max_len: int,
     pad_token_id: int,
-    autotune: bool,
+    forward: Callable[..., object],
     bucket: Bucket,
 ) -> None:
     """Run one decode step of this shape through the compiled forward on a scratch runner with its own cache, so
@@ -278,4 +279,4 @@ def _warm_bucket(
         scratch.claim(f"warm{row}")
     scratch.forward([[pad_token_id]] * rows)  # allocates the scratch cache, eager
     scratch.cache.lengths[:rows] = [columns - 1] * rows
-    scratch._decode_with([pad_token_id] * rows, [0] * rows, compiled_forward(model, autotune), bucket, trace=True)
+    scratch._decode_with([pad_token_id] * rows, [0] * rows, forward, bucket, trace=True)

@@ -99,7 +99,7 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         for _ in warm.run():
             pass
         # The 400k objects of torch, transformers and the model never die: out of the collector's sight, a full
-        # collection went from 0.18 s (a step that long, now and then, under load up to a second) to nothing.
+        # collection went from 0.18 s (a step stalled that long now and then, more under load) to nothing.
         gc.freeze()
     except UnsupportedModelError as exc:
         outputs.send(LoadFailed(str(exc), model_error=True, unsupported=True))
