@@ -4,19 +4,21 @@ Forked when the client's process has not initialised CUDA (vLLM's default rule t
 transformers already imported, so a cold start pays for loading the model only, not for importing the stack again
 (measured here: 0.5 s against 5-14 s for a fresh interpreter). A client that has initialised CUDA, which a forked
 child could not use, starts a fresh interpreter instead (`python -m batching.service`). Not multiprocessing's spawn:
-spawn re-runs the parent's `__main__`, which under Streamlit is the page script itself.
+spawn re-runs the parent's `__main__`, which under Streamlit is the page script itself. Not multiprocessing's fork
+either: the child first lets go of every descriptor it inherited but its pipes (see
+`neutralise_inherited_descriptors`), and multiprocessing keeps pipes of its own in the child we could not tell apart.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import time
+import traceback
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 
 import torch
 
@@ -31,7 +33,7 @@ class EngineProcess:
         """`fresh`: start a fresh interpreter rather than fork (None: only if this process initialised CUDA)."""
         commands_out, commands_in = os.pipe()
         outputs_out, outputs_in = os.pipe()
-        self._process: BaseProcess | subprocess.Popen
+        self._process: ForkedChild | subprocess.Popen
         if torch.cuda.is_initialized() if fresh is None else fresh:
             self._process = _fresh_interpreter(commands_out, outputs_in)
         else:
@@ -49,9 +51,7 @@ class EngineProcess:
 
     def exit_code(self) -> int | None:
         """None while it runs; negative: killed by that signal."""
-        if isinstance(self._process, subprocess.Popen):
-            return self._process.poll()
-        return self._process.exitcode
+        return self._process.poll()
 
     def describe_exit(self) -> str:
         code = self.exit_code()
@@ -60,33 +60,87 @@ class EngineProcess:
         return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
     def wait(self, seconds: float) -> None:
-        if isinstance(self._process, subprocess.Popen):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(seconds)
-        else:
-            self._process.join(seconds)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(seconds)
 
     def kill(self) -> None:
         self._process.kill()
         self.wait(3)
 
 
-def _forked(config: EngineConfig, commands_fd: int, outputs_fd: int, parent_ends: tuple[int, int]) -> BaseProcess:
-    process = multiprocessing.get_context("fork").Process(
-        target=_forked_main, args=(config, commands_fd, outputs_fd, parent_ends), name="batchscope-engine", daemon=True
-    )
-    process.start()
-    return process
+def _forked(config: EngineConfig, commands_fd: int, outputs_fd: int, parent_ends: tuple[int, int]) -> ForkedChild:
+    pid = os.fork()
+    if pid:
+        return ForkedChild(pid)
+    code = 1
+    try:
+        for fd in parent_ends:  # else the child keeps its own command pipe open and never sees the client go away
+            os.close(fd)
+        neutralise_inherited_descriptors(keep={0, 1, 2, commands_fd, outputs_fd})
+        # The parent's handlers (Streamlit's) came along: Ctrl+C is the client's to handle (the engine stops when
+        # told or when the client is gone); SIGTERM ends the engine.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        engine_main(config, Connection(commands_fd, writable=False), Connection(outputs_fd, readable=False))
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        # Never back into the parent's code (Streamlit's threads are gone here; its atexit hooks are not ours).
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
-def _forked_main(config: EngineConfig, commands_fd: int, outputs_fd: int, parent_ends: tuple[int, int]) -> None:
-    for fd in parent_ends:  # else the child keeps its own command pipe open and never sees the client go away
-        os.close(fd)
-    # The parent's handlers (Streamlit's) came along: Ctrl+C is the client's to handle (the engine stops when told
-    # or when the client is gone); SIGTERM ends the engine.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    engine_main(config, Connection(commands_fd, writable=False), Connection(outputs_fd, readable=False))
+def neutralise_inherited_descriptors(keep: set[int]) -> None:
+    """Point every inherited descriptor outside `keep` at /dev/null.
+
+    A forked child inherits the parent's sockets: the page server's listening socket and a browser's keep-alive
+    connection among them. While the child holds a copy, closing the parent's sends no FIN, and the browser's
+    next requests on that connection go unanswered (the page's widget scripts never load). Pointing the numbers
+    at /dev/null rather than closing them keeps them taken: a Python object of the parent's that still names one
+    and closes it some day closes /dev/null, not a descriptor the engine opened since.
+    """
+    folder = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+    inherited = [int(name) for name in os.listdir(folder)]  # includes the listing's own, closed by now
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in inherited:
+            if fd in keep or fd == null:
+                continue
+            with contextlib.suppress(OSError):  # the listing's own descriptor is already closed
+                os.fstat(fd)
+                os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+
+
+class ForkedChild:
+    """A child made by `os.fork`, with `poll`, `wait` and `kill` as `subprocess.Popen` has them."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.exitcode: int | None = None
+
+    def poll(self) -> int | None:
+        """None while it runs; its exit code, or minus the signal that killed it."""
+        if self.exitcode is None:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.exitcode = os.waitstatus_to_exitcode(status)
+        return self.exitcode
+
+    def wait(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
 
 def _fresh_interpreter(commands_fd: int, outputs_fd: int) -> subprocess.Popen:
