@@ -55,7 +55,7 @@ from utils.inspector import WasteMeters, grid_frame, packed_tokens, step_rows_fr
 from utils.inspector_charts import GRID_CAPTION, MASK_CAPTION, mask_chart, packed_sequence_html, token_grid_chart
 from utils.inspector_mask import mask_frame, padded_rectangle, window_name
 from utils.log_setup import configure_logging
-from utils.metrics import RunRecord, summarize
+from utils.metrics import RunRecord, steps_kind, summarize
 from utils.plain_text import card_heading_html
 from utils.queue import REPLAY_ORDER, Check, LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
 from utils.race_view import LANE_NAMES, RaceRun
@@ -324,7 +324,8 @@ def compile_caption(state: CompileState) -> str:
     return {
         "off": "Decode steps: eager (compiling is off: BATCHSCOPE_ENGINE__COMPILE_STEPS=false).",
         "waiting": "Decode steps: eager; the first run starts compiling them in the background.",
-        "compiling": "Decode steps: eager while their graph is compiled in the background (runs go on meanwhile).",
+        "compiling": "Decode steps: eager while their graph is compiled in the background, only while the engine "
+        "is idle (the compile pauses while anything runs, so it never slows a run or its figures).",
         "failed": "Decode steps: eager; they could not be compiled here (the engine's log says why).",
     }[state.stage]
 
@@ -839,6 +840,8 @@ def numbers_section(
             "keeping the faster. The live column is the run you watched, which shared the machine with the page "
             "drawing it."
         )
+    kinds = "; ".join(f"{mode}: {steps_kind(record)}" for mode, record in runs.items())
+    notes.append(f"Steps — {kinds} (no compile ran during any of them: the engine holds compiles while it works).")
     if others_seen:
         notes.append(
             "Other people's requests shared the engine during your live run (purple in the live charts), so its "

@@ -4,8 +4,10 @@ answering while the graph is made, and a second start finding the graph in the o
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,12 +18,14 @@ from torch._dynamo.utils import counters
 from transformers import LlamaForCausalLM
 
 from batching.engine.batcher import Batcher, BatcherOptions
-from batching.engine.compiled import StepCompiler
+from batching.engine.compiled import StepCompiler, pause_compiles
 from batching.engine.events import TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.runner import ModelRunner
+from batching.runs import RunRecord
 from tests.conftest import TINY_CONFIGS
 from tests.engine_helpers import loaded, random_prompts, reference, run_with_late_arrivals
+from utils.metrics import steps_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPS = [40, 3, 25, 60, 9, 33]
@@ -84,19 +88,56 @@ def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it(
     assert compiler is not None and not compiler.ready
     steps_while_compiling = 0
     tokens = 0
+    record = RunRecord("continuous", 0.0)
     while not compiler.ready and not compiler.failed:
         if not batcher.has_work:
             batcher.add([5, 6, 7], RequestParams(400, ignore_eos=True))
         events = batcher.step()
+        record.extend(events)
         tokens += sum(1 for event in events if isinstance(event, TokenEvent))
         steps_while_compiling += 1
         assert steps_while_compiling < 100_000, "the graph was never made"
     assert not compiler.failed
     assert steps_while_compiling >= 10 and tokens >= 10  # eager steps went on while the graph was made
+    assert not any(step.compiled for step in record.steps)  # and each said so
+    assert steps_kind(record) == "eager steps"
+    switch = len(record.steps)
     with counting_compiled_steps(compiler) as calls:
         for _ in range(5):
-            batcher.step()
+            record.extend(batcher.step())
     assert calls[0] == 5  # and the next decode steps took the graph
+    assert [step.compiled for step in record.steps[switch:]] == [True] * 5
+    assert steps_kind(record) == f"eager, then compiled decode steps from step {record.steps[switch].index + 1}"
+
+
+def thread_cpu_s(native_id: int) -> float:
+    """CPU seconds a thread of this process has used (user + system, from /proc)."""
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_background_compile_sleeps_while_compiles_are_paused_then_finishes(
+    tiny_model_dirs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # nothing to find: a real compile
+    model = loaded(str(tiny_model_dirs["llama"])).model
+    # Five slots: a shape no other test compiles.
+    runner = ModelRunner(model, capacity=5, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
+    compiler = runner.compiler
+    assert compiler is not None
+    pause_compiles(True)
+    try:
+        compiler.start()
+        assert compiler._thread is not None and compiler._thread.native_id is not None
+        time.sleep(1.0)  # the thread reaches its first Python call and sleeps there
+        used = thread_cpu_s(compiler._thread.native_id)
+        time.sleep(3.0)
+        assert thread_cpu_s(compiler._thread.native_id) - used < 0.1, "the compile went on while paused"
+        assert not compiler.ready
+    finally:
+        pause_compiles(False)
+    compiler._thread.join(600)
+    assert compiler.ready and not compiler.failed
 
 
 _SECOND_START = """

@@ -430,3 +430,38 @@ def test_the_engine_answers_while_its_steps_compile_then_says_they_are_compiled(
             assert list(done[submitted.request_id].output_ids) == want
     finally:
         compiling.close()
+
+
+def test_the_engine_loop_holds_compiles_while_a_batcher_has_work_and_releases_them_when_idle(qwen) -> None:
+    """No step shares the cores with a compile: the loop holds background compiles from the moment a request
+    arrives until the last batcher is idle (see `pause_compiles`)."""
+    from multiprocessing import Pipe
+
+    from batching.engine.compiled import compiles_paused
+    from batching.service.core import EngineCore
+    from batching.service.process import run_loop
+
+    commands_out, commands_in = Pipe(duplex=False)
+    outputs: list[object] = []
+    core = EngineCore(qwen.model, qwen.tokenizer, EngineSettings(compile_steps=False), outputs.append)
+    loop = threading.Thread(target=run_loop, args=(core, commands_out, os.getppid()), daemon=True)
+    loop.start()
+    try:
+        assert wait_for(lambda: not compiles_paused())  # idle: compiles may run
+        request = Request("r1", random_prompts(1, vocab=300, seed=3, longest=8)[0], RequestParams(400, ignore_eos=True))
+        commands_in.send(Submit(OPTIONS, request))
+        assert wait_for(compiles_paused)  # working: held
+        held_while_working = []
+        while True:
+            held = compiles_paused()
+            # The finished event is emitted before the loop releases compiles: not out yet, the sample was taken
+            # while the request ran.
+            if any(isinstance(o, Outputs) and any(isinstance(e, FinishedEvent) for e in o.events) for o in outputs):
+                break
+            held_while_working.append(held)
+            time.sleep(0.01)
+        assert held_while_working and all(held_while_working)
+        assert wait_for(lambda: not compiles_paused())  # idle again: released
+    finally:
+        commands_in.send(Shutdown())
+        loop.join(10)

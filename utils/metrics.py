@@ -87,6 +87,7 @@ def steps_frame(run: RunRecord) -> pd.DataFrame:
             "occupancy": event.active / len(event.slots) if event.slots else 0.0,
             "prefill_tokens": event.prefill_tokens,
             "decode_tokens": event.decode_tokens,
+            "compiled": event.compiled,
         }
         for event in run.steps
     ]
@@ -103,8 +104,24 @@ def steps_frame(run: RunRecord) -> pd.DataFrame:
             "occupancy",
             "prefill_tokens",
             "decode_tokens",
+            "compiled",
         ],
     )
+
+
+def steps_kind(run: RunRecord) -> str:
+    """How a run's steps ran, in a few words: eager, compiled (decode steps; prompt steps are always eager), or
+    where it switched, so no figure is read without knowing which."""
+    decode = [event for event in run.steps if event.decode_tokens and not event.prefill_tokens]
+    compiled = [event for event in decode if event.compiled]
+    if not compiled:
+        return "eager steps"
+    if len(compiled) == len(decode):
+        return "compiled decode steps"
+    first = compiled[0].index
+    if all(event.compiled for event in decode if event.index >= first):
+        return f"eager, then compiled decode steps from step {first + 1}"
+    return f"{len(compiled)} of {len(decode)} decode steps compiled"
 
 
 def slot_timeline_frame(run: RunRecord) -> pd.DataFrame:

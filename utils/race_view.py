@@ -14,6 +14,7 @@ from batching.engine.events import Event, FinishedEvent
 from batching.engine.params import RequestParams, SamplingParams
 from batching.race import RACE_MODES
 from batching.runs import RunRecord
+from utils.metrics import steps_kind
 from utils.queue import LiveRun, RequestView
 
 LANE_NAMES = {"continuous": "continuous", "static": "static"}
@@ -116,7 +117,8 @@ class RaceRun:
     def lane_line(self, mode: str) -> str:
         counts = self.lanes[mode].counts()
         clock = self.elapsed[mode]
-        return f"{LANE_NAMES[mode]}: {counts['done']} of {len(self.views)} done at {clock:.2f} s"
+        kind = steps_kind(self.lanes[mode].record)
+        return f"{LANE_NAMES[mode]}: {counts['done']} of {len(self.views)} done at {clock:.2f} s ({kind})"
 
     def progress_line(self) -> str:
         """Where each lane stands, on its own clock: both clocks are kept within one step of each other."""

@@ -188,9 +188,21 @@ class Batcher:
                 self._release(request)
         if logits is None:
             return events
-        budget, mask = self.options.max_batched_tokens, self.runner.last_mask  # None without step detail
-        end = self.clock()
-        events.append(StepEvent(self.step_index, start, end, occupants, prefill, decode, held, rows, budget, mask))
+        events.append(
+            StepEvent(
+                index=self.step_index,
+                start=start,
+                end=self.clock(),
+                slots=occupants,
+                prefill_tokens=prefill,
+                decode_tokens=decode,
+                idle_held=held,
+                rows=rows,
+                token_budget=self.options.max_batched_tokens,
+                mask=self.runner.last_mask,  # None without step detail
+                compiled=self.runner.last_compiled,
+            )
+        )
         self.step_index += 1
         return events
 

@@ -108,6 +108,7 @@ class StepEvent:
     rows: tuple[StepRow, ...] = ()  # in packed order; empty when the batcher does not record them
     token_budget: int = 0  # the scheduler's max tokens per step (0: unknown)
     mask: StepMask | None = None  # None when the batcher does not record step detail
+    compiled: bool = False  # ran through the compiled graph (a decode step once the graph is made), else eager
 
     @property
     def active(self) -> int:

@@ -61,6 +61,7 @@ class ModelRunner:
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None
+        self.last_compiled = False  # whether the last step ran through the compiled graph
         self.windows = layer_windows(model)
 
     # --- cache rows: the runner is the only way into the cache -------------------------------------------------
@@ -116,6 +117,7 @@ class ModelRunner:
                 chunks.append((row, packed_start, packed_start + count))
         if not input_ids:
             raise ValueError("no row has a new token this step")
+        self.last_compiled = False
         if len(singles) == rows and not chunks:
             logits = self._decode(input_ids, positions)
         else:
@@ -161,6 +163,7 @@ class ModelRunner:
             bucket = self.compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
             step = self.compiler.step() if bucket is not None else None
             if step is not None:
+                self.last_compiled = True
                 return self._decode_with(tokens, positions, step, bucket)
         return self._decode_with(tokens, positions, None, None)
 

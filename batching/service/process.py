@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from batching.engine.batcher import Batcher, BatcherOptions
-from batching.engine.compiled import use_compile_cache
+from batching.engine.compiled import pause_compiles, use_compile_cache
 from batching.engine.model_support import (
     UnsupportedModelError,
     attention_features,
@@ -75,6 +75,10 @@ def run_loop(core: EngineCore, commands: Connection, parent: int) -> None:
                 core.handle(command)
                 if not commands.poll(0):
                     break
+            wake = core.next_work_s()
+        # A graph is made only while no batcher has work (a race's slow-motion pauses count as work): no step, and
+        # so no figure, ever shares the cores with a compile.
+        pause_compiles(wake is not None)
         core.step_round()
         if time.monotonic() >= next_check:
             if os.getppid() != parent:
