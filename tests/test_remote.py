@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,11 +29,10 @@ from batching.remote import (
     warm_up,
 )
 from batching.remote.stream import RemoteRequest, request_body
-from batching.remote.telemetry import read_samples
 from batching.runs import RunRecord
 from model.prompting import format_prompt
 from tests.browser_helpers import free_port
-from tests.remote_helpers import our_server
+from tests.remote_helpers import our_server, served
 from utils import charts, export
 from utils.metrics import summarize
 
@@ -74,14 +72,6 @@ def _in_flight_at_most(record: RunRecord) -> int:
         current += change
         most = max(most, current)
     return most
-
-
-def served(url: str) -> tuple[int, int]:
-    """What our server's /metrics says it has answered so far: (requests finished, tokens generated)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
-        values = read_samples(answer.read().decode())
-    finished = values.get("batchscope:request_success_total", [])  # no sample before its first label
-    return int(sum(finished)), int(sum(values["batchscope:generation_tokens_total"]))
 
 
 @pytest.fixture(scope="module")
