@@ -220,7 +220,7 @@ def sidebar(settings: Settings, remote: bool = False) -> Choices:
         if remote:
             st.caption(
                 "On a remote server: continuous (up to N requests in flight) and static waves of N, after one "
-                "warm-up request; which runs first alternates with each Generate."
+                "warm-up request; which runs first alternates with each comparison."
             )
         run_mode: str = (
             "remote"
@@ -950,8 +950,8 @@ def remote_choice(settings: Settings) -> RemoteChoice | None:
 
 
 def remote_order(compare: bool) -> tuple[Mode, ...]:
-    """The modes in the order they run. A comparison alternates which goes first with each Generate: the second run
-    meets a server the first has just used (its caches, its clocks), so neither mode should always get it."""
+    """The modes in the order they run. Each comparison in this tab starts with the mode the last one ran second:
+    the second run meets a server the first has just used (its prefix cache, its allocator), so neither always does."""
     if not compare:
         return ("continuous",)
     count = st.session_state.get("remote_comparisons", 0)
