@@ -26,14 +26,18 @@ from batching.engine.model_support import UnsupportedModelError
 from batching.engine.params import RequestParams, SamplingParams
 from batching.remote import (
     APIS,
+    MODES,
     SAMPLE_EVERY_S,
+    WARM_UP_QUESTION,
     Api,
     Endpoint,
+    Mode,
     RemoteError,
     RemoteRun,
     RunSetup,
     endpoint_from_settings,
     fetch_model,
+    warm_up,
 )
 from batching.serve.server import BackgroundServer, start_background
 from batching.service import EngineClient, EngineConfig, RaceHandle, Session, engine_options
@@ -214,7 +218,10 @@ def sidebar(settings: Settings, remote: bool = False) -> Choices:
     with st.sidebar:
         st.header("Run")
         if remote:
-            st.caption("On a remote server: continuous (up to N requests in flight), then static waves of N.")
+            st.caption(
+                "On a remote server: continuous (up to N requests in flight) and static waves of N, after one "
+                "warm-up request; which runs first alternates with each comparison."
+            )
         run_mode: str = (
             "remote"
             if remote
@@ -871,7 +878,12 @@ REMOTE_NOTE = (
     "else the server is doing for other clients. The server batches as it likes; continuous keeps up to N requests "
     "in flight, static sends waves of N and waits for each wave's slowest answer (N = the batch size slider)."
 )
-REMOTE_STATIC_AFTER = "The same queue sent again in waves of N (static batching from the client), after the live run."
+REMOTE_LIVE = "Live: your run, drawn as it happens."
+REMOTE_AFTER = {
+    "continuous": "The same queue sent again with up to N in flight (continuous batching from the client), after the "
+    "live run.",
+    "static": "The same queue sent again in waves of N (static batching from the client), after the live run.",
+}
 REMOTE_CAPTIONS = {
     "occupancy": (
         f"Requests this page had in flight, sampled every {SAMPLE_EVERY_S:g} s; the dashed line is N. Amber: answers "
@@ -940,8 +952,18 @@ def remote_choice(settings: Settings) -> RemoteChoice | None:
     return RemoteChoice(endpoint, model, api, remote.telemetry_interval_s, problem)
 
 
+def remote_order(compare: bool) -> tuple[Mode, ...]:
+    """The modes in the order they run. Each comparison in this tab starts with the mode the last one ran second:
+    the second run meets a server the first has just used (its prefix cache, its allocator), so neither always does."""
+    if not compare:
+        return ("continuous",)
+    count = st.session_state.get("remote_comparisons", 0)
+    st.session_state.remote_comparisons = count + 1
+    return MODES if count % 2 == 0 else MODES[::-1]
+
+
 def start_remote_run(page: Page, queue: PromptQueue) -> None:
-    """Plan the queue as for the built-in engine, but on a remote run: up to N in flight (continuous)."""
+    """Warm the server up, then plan the queue as for the built-in engine, on a remote run in the first mode."""
     state = st.session_state
     remote = page.remote
     assert remote is not None
@@ -949,14 +971,22 @@ def start_remote_run(page: Page, queue: PromptQueue) -> None:
         state.queue_message = remote.problem or "choose a remote server first (sidebar)"
         return
     choices = page.choices
-    started = LiveRun(time.perf_counter(), "", choices.batch_size, choices.sampling)
     setup = RunSetup(remote.endpoint, remote.model, choices.batch_size, "continuous", remote.api, choices.system_prompt)
+    try:
+        with st.spinner("Warming the server up with one short request…"):
+            warm = warm_up(setup, page.formatted(WARM_UP_QUESTION))
+    except RemoteError as exc:
+        state.queue_message = str(exc)
+        return
+    order = remote_order(choices.compare)
+    setup = replace(setup, mode=order[0])
+    started = LiveRun(time.perf_counter(), "", choices.batch_size, choices.sampling, mode=order[0])
     schedule = choices.schedule(len(queue))
     for item, offset in zip(queue.items, schedule.due, strict=True):
         started.plan(item.prompt, page.formatted(item.prompt), item.max_new_tokens, offset)
     state.run, state.run_items = started, {item.item_id for item in queue.items}
     state.run_session = RemoteRun(setup, start=started.start, telemetry_every_s=remote.telemetry_every_s)
-    state.remote_static = None
+    state.remote_second = None
     state.run_setup = {
         "engine": "remote",
         "url": remote.endpoint.root,
@@ -967,6 +997,8 @@ def start_remote_run(page: Page, queue: PromptQueue) -> None:
         "arrivals": schedule.description,
         "system_prompt": choices.system_prompt,
         "compare": choices.compare,
+        "warm_up_s": round(warm.seconds, 3),
+        "order": list(order),
     }
     state.queue_message = None
 
@@ -980,15 +1012,15 @@ class RemoteLayout:
     slots: dict[str, tuple[DeltaGenerator, DeltaGenerator]]
 
 
-def remote_layout() -> RemoteLayout:
+def remote_layout(live: Mode) -> RemoteLayout:
     st.header("3 · What the client and the server saw")
     progress = st.empty()
     left, right = st.columns(2, gap="large")
     left.subheader("Continuous: up to N in flight")
     right.subheader("Static: waves of N")
     notes = (left.empty(), right.empty())
-    notes[0].caption("Live: your run, drawn as it happens.")
-    notes[1].caption(REMOTE_STATIC_AFTER)
+    for note, mode in zip(notes, MODES, strict=True):
+        note.caption(REMOTE_LIVE if mode == live else REMOTE_AFTER[mode])
     slots = {}
     for name in REMOTE_ROWS:
         left, right = st.columns(2, gap="large")
@@ -1048,7 +1080,8 @@ def stream_remote(
         if redraw.progress:
             progress.markdown(run.progress_line(redraw.now))
             if redraw.live_charts:
-                draw_remote(layout, 0, remote, run.latency_frame(redraw.now), run.labels(), {})
+                column = MODES.index(remote.setup.mode)
+                draw_remote(layout, column, remote, run.latency_frame(redraw.now), run.labels(), {})
             streaming.charts_drawn(redraw.now)
         if redraw.done:
             remote.close()
@@ -1056,28 +1089,38 @@ def stream_remote(
         time.sleep(streaming.pause())
 
 
-def static_remote(run: LiveRun, live: RemoteRun, slot: DeltaGenerator) -> RemoteRun:
-    """The same queue sent in waves of N (started once, resumed by later script runs), with a progress bar."""
+def second_remote(run: LiveRun, live: RemoteRun, mode: Mode, slot: DeltaGenerator) -> RemoteRun:
+    """The same queue sent again in the other mode (started once, resumed by later script runs), with a progress bar."""
     state = st.session_state
-    static: RemoteRun | None = state.get("remote_static")
-    if static is None:
-        static = RemoteRun(
-            replace(live.setup, mode="static"), telemetry_every_s=live.poller.every_s if live.poller else None
+    second: RemoteRun | None = state.get("remote_second")
+    if second is None:
+        second = RemoteRun(
+            replace(live.setup, mode=mode), telemetry_every_s=live.poller.every_s if live.poller else None
         )
-        state.remote_static_labels = {}
+        state.remote_second_labels = {}
         for view in run.views:
             if view.request_id is not None:
-                submitted = static.submit(view.formatted, run.params(view), at=view.offset_s)
-                state.remote_static_labels[submitted.request_id] = f"#{view.number}"
-        static.close()
-        state.remote_static = static
-    total = len(state.remote_static_labels)
-    while not static.done:
-        done = len(static.record.finished)
-        slot.progress(done / max(total, 1), text=f"Static batching from the client: {done} of {total} answers")
+                submitted = second.submit(view.formatted, run.params(view), at=view.offset_s)
+                state.remote_second_labels[submitted.request_id] = f"#{view.number}"
+        second.close()
+        state.remote_second = second
+    total = len(state.remote_second_labels)
+    while not second.done:
+        done = len(second.record.finished)
+        text = f"{mode.capitalize()} batching from the client: {done} of {total} answers"
+        slot.progress(done / max(total, 1), text=text)
         time.sleep(0.2)
     slot.empty()
-    return static
+    return second
+
+
+def remote_order_line(setup: dict) -> str:
+    """What the server was sent before the timed runs, and which run went first."""
+    return (
+        f"Warm-up: one short request ({setup['warm_up_s']:.2f} s) before anything was timed, counted in no figure. "
+        f"This time {setup['order'][0]} ran first (live). Which runs first alternates with each comparison, so "
+        "neither always meets the server just after the other."
+    )
 
 
 def remote_failures(runs: dict[str, RemoteRun]) -> None:
@@ -1147,27 +1190,30 @@ def remote_sections(run: LiveRun, compare: bool, running: bool) -> None:
     state = st.session_state
     live: RemoteRun = state.run_session
     st.info(REMOTE_NOTE)
+    st.caption(remote_order_line(state.run_setup))
     progress, answers = answers_section(run)
-    layout = remote_layout()
+    layout = remote_layout(live.setup.mode)
     stream_remote(run, live, compare, progress, answers, layout)
-    runs = {"continuous": live}
+    found: dict[str, RemoteRun] = {live.setup.mode: live}
     if compare and run.completed:
-        runs["static"] = static_remote(run, live, layout.progress)
+        other = next(mode for mode in MODES if mode != live.setup.mode)
+        found[other] = second_remote(run, live, other, layout.progress)
+    runs: dict[str, RemoteRun] = {mode: found[mode] for mode in MODES if mode in found}  # the tables' order
     if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
         st.rerun()
-    labels = {**run.labels(), **state.get("remote_static_labels", {})}
+    labels = {**run.labels(), **state.get("remote_second_labels", {})}
     prompts = {view.request_id: view.prompt for view in run.views if view.request_id}
     prompts |= {
-        rid: run.views[int(label[1:]) - 1].prompt for rid, label in state.get("remote_static_labels", {}).items()
+        rid: run.views[int(label[1:]) - 1].prompt for rid, label in state.get("remote_second_labels", {}).items()
     }
     walls = [remote.record.wall_s for remote in runs.values() if math.isfinite(remote.record.wall_s)]
     shared = {"seconds": max(walls, default=None), "steps": max(len(remote.record.steps) for remote in runs.values())}
-    for column, mode in enumerate(("continuous", "static")):
+    for column, mode in enumerate(MODES):
         if mode in runs:
             latency = charts.latency_frame(runs[mode].record, labels)
             draw_remote(layout, column, runs[mode], latency, labels, shared)
-        elif column:
-            layout.slots["occupancy"][1].info(
+        else:
+            layout.slots["occupancy"][column].info(
                 "The comparison is switched off (sidebar)."
                 if not compare
                 else "No comparison: the run was stopped or some prompts did not finish."

@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from batching.remote.telemetry import read_samples
 from tests.browser_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,3 +52,11 @@ def our_server(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[tu
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def served(url: str) -> tuple[int, int]:
+    """What our server's /metrics says it has answered so far: (requests finished, tokens generated)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
+        values = read_samples(answer.read().decode())
+    finished = values.get("batchscope:request_success_total", [])  # no sample before its first label
+    return int(sum(finished)), int(sum(values["batchscope:generation_tokens_total"]))

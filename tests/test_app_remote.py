@@ -1,5 +1,6 @@
-"""The page's remote engine choice, driven by AppTest: a bad URL, a port with nothing on it, and a whole run on
-our server where one prompt fails (a server-side refusal) while the others go on."""
+"""The page's remote engine choice, driven by AppTest: a bad URL, a port with nothing on it, a whole run on our
+server where one prompt fails (a server-side refusal) while the others go on, and comparisons that warm the server up
+first and alternate which mode runs first."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from batching.remote import WARM_UP_TOKENS
 from tests.browser_helpers import free_port
 from tests.engine_helpers import KEEP_EAGER
-from tests.remote_helpers import our_server
+from tests.remote_helpers import our_server, served
+from utils.metrics import summarize
 
 APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
 
@@ -102,3 +105,51 @@ def test_a_remote_run_shows_every_answer_and_one_message_for_the_prompt_the_serv
         "Server telemetry (CSV)",
         "Everything (JSON)",
     ]
+
+
+def _order_line(at: AppTest) -> str:
+    return next(c.value for c in at.main.caption if c.value.startswith("Warm-up: one short request ("))
+
+
+def test_each_comparison_warms_the_server_up_once_untimed_and_the_next_one_runs_the_other_mode_first(
+    remote_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with our_server(tmp_path) as (url, _):
+        remote_env.setenv("BATCHSCOPE_REMOTE__URL", url)
+        at = _open()
+        for prompt in ("How do I track my order?", "Do you ship abroad?", "Can I pay by bank transfer?"):
+            _add(at, prompt, 5)
+        for first, second in [("continuous", "static"), ("static", "continuous"), ("continuous", "static")]:
+            before = served(url)
+            _generate(at)
+            after = served(url)
+            live, other = at.session_state.run_session, at.session_state.remote_second
+            assert (live.setup.mode, other.setup.mode) == (first, second)
+            assert at.session_state.run_setup["order"] == [first, second]
+            assert f"This time {first} ran first (live)." in _order_line(at)
+            assert live.record.start < min(e.admitted for e in other.record.finished)  # it really ran second
+            summaries = [summarize(run.record) for run in (live, other)]
+            assert [s.requests for s in summaries] == [3, 3]
+            assert after[0] - before[0] == 1 + 6  # the server answered one request more than the figures count
+            warm_up_tokens = after[1] - before[1] - sum(s.output_tokens for s in summaries)
+            assert 1 <= warm_up_tokens <= WARM_UP_TOKENS
+            assert not at.main.error
+    comparisons, shown = at.session_state.remote_comparisons, at.session_state.run
+    _generate(at)  # the server is gone: the warm-up fails, nothing new starts, the last comparison stays
+    errors = [e.value for e in at.main.error]
+    assert len(errors) == 1 and errors[0].startswith("the warm-up request failed, so nothing was run: cannot connect")
+    assert at.session_state.run is shown and at.session_state.remote_comparisons == comparisons
+
+
+def test_a_warm_up_that_fails_is_one_line_and_generate_starts_nothing(remote_env: pytest.MonkeyPatch) -> None:
+    remote_env.setenv("BATCHSCOPE_REMOTE__URL", f"http://127.0.0.1:{free_port()}")
+    remote_env.setenv("BATCHSCOPE_REMOTE__MODEL", "builtin")  # typed: the sidebar asks the server nothing
+    at = _open()
+    assert not at.sidebar.error
+    _add(at, "How do I track my order?", 4)
+    _generate(at)
+    assert [e.value for e in at.main.error] == [
+        f"the warm-up request failed, so nothing was run: cannot connect to {at.session_state.remote_url} "
+        "(connection refused or host unknown): is the server running on that port?"
+    ]
+    assert at.session_state.run is None and "remote_comparisons" not in at.session_state

@@ -17,12 +17,22 @@ from batching.bench.serve_peer import Load, running_server, server_specs
 from batching.engine.events import TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
-from batching.remote import Endpoint, RemoteError, RemoteRun, RunSetup, fetch_model, parse_url
+from batching.remote import (
+    WARM_UP_QUESTION,
+    WARM_UP_TOKENS,
+    Endpoint,
+    RemoteError,
+    RemoteRun,
+    RunSetup,
+    fetch_model,
+    parse_url,
+    warm_up,
+)
 from batching.remote.stream import RemoteRequest, request_body
 from batching.runs import RunRecord
 from model.prompting import format_prompt
 from tests.browser_helpers import free_port
-from tests.remote_helpers import our_server
+from tests.remote_helpers import our_server, served
 from utils import charts, export
 from utils.metrics import summarize
 
@@ -80,6 +90,30 @@ def runs(ours: str) -> dict[str, RemoteRun]:
 
 def test_the_model_name_comes_from_v1_models(ours: str) -> None:
     assert fetch_model(Endpoint(parse_url(ours))) == "builtin"
+
+
+def test_the_warm_up_is_one_short_request_the_server_answers_before_the_run_and_no_figure_counts(ours: str) -> None:
+    setup = RunSetup(Endpoint(ours), "builtin", LANES, "continuous")
+    before = served(ours)
+    warm = warm_up(setup, format_prompt(WARM_UP_QUESTION, SYSTEM))
+    after_warm_up = served(ours)
+    assert after_warm_up == (before[0] + 1, before[1] + warm.tokens)  # answered in full before the run exists
+    assert 1 <= warm.tokens <= WARM_UP_TOKENS and warm.seconds > 0
+    run = _run(setup.endpoint, setup.model, "continuous", CAPS[:5], telemetry_every_s=None)
+    after_run = served(ours)
+    summary = summarize(run.record)
+    assert summary.requests == after_run[0] - after_warm_up[0] == 5
+    assert summary.output_tokens == after_run[1] - after_warm_up[1]  # the run's tokens, not one of the warm-up's
+    assert sorted(e.request_id for e in run.record.finished) == [f"continuous-{n}" for n in range(1, 6)]
+
+
+def test_a_failed_warm_up_is_one_line_and_the_server_answered_nothing(ours: str) -> None:
+    before = served(ours)
+    with pytest.raises(RemoteError) as error:
+        warm_up(RunSetup(Endpoint(ours), "nope", LANES), format_prompt(WARM_UP_QUESTION, SYSTEM))
+    assert str(error.value).startswith("the warm-up request failed, so nothing was run: ")
+    assert "model='nope' is not served here" in str(error.value) and "\n" not in str(error.value)
+    assert served(ours) == before
 
 
 @pytest.mark.parametrize("mode", ["continuous", "static"])

@@ -6,6 +6,7 @@ from batching.remote.endpoint import Endpoint, RemoteError, endpoint_from_settin
 from batching.remote.poller import TelemetryPoller
 from batching.remote.stream import APIS, Api
 from batching.remote.telemetry import ENGINES, Telemetry, TelemetrySample, parse_metrics, parse_slots
+from batching.remote.warmup import WARM_UP_QUESTION, WARM_UP_TOKENS, WarmUp, warm_up
 
 __all__ = [
     "APIS",
@@ -13,6 +14,8 @@ __all__ = [
     "MODES",
     "SAMPLE_EVERY_S",
     "UNKNOWN_TOKEN",
+    "WARM_UP_QUESTION",
+    "WARM_UP_TOKENS",
     "Api",
     "Endpoint",
     "Mode",
@@ -23,9 +26,11 @@ __all__ = [
     "Telemetry",
     "TelemetryPoller",
     "TelemetrySample",
+    "WarmUp",
     "endpoint_from_settings",
     "fetch_model",
     "parse_metrics",
     "parse_slots",
     "parse_url",
+    "warm_up",
 ]

@@ -1,0 +1,60 @@
+"""One short request before a remote comparison is timed, so neither run meets a cold server.
+
+A server's first answer can pay for its own start (vLLM's CPU build: ~1 s to the first token of its first eight
+answers, 0.13 s after; `transformers serve` starts its batching thread then): whichever run came first would be
+timed cold and the other warm. The warm-up is one short question in the run's own model, API and template, so it
+also finds a wrong model name or key before anything starts, and the shared system prompt is in the server's prefix
+cache for both runs alike. Nothing of it reaches a run's record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx2
+
+from batching.remote.dispatch import RunSetup
+from batching.remote.endpoint import RemoteError, describe_failure
+from batching.remote.stream import RemoteRequest, request_body, stream_answer
+
+WARM_UP_QUESTION = "Hello?"
+WARM_UP_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """The warm-up's answer: how long it took, start to end, and its tokens (the server's count, else the pieces
+    of text that streamed)."""
+
+    seconds: float
+    tokens: int
+
+
+def warm_up(
+    setup: RunSetup, prompt: str, question: str = WARM_UP_QUESTION, clock: Callable[[], float] = time.perf_counter
+) -> WarmUp:
+    """Send `prompt` (chat: `question`, with the setup's system prompt) for `WARM_UP_TOKENS` greedy tokens and wait
+    for the whole answer; RemoteError with one line saying the warm-up failed, and why, if it did."""
+    request = RemoteRequest(prompt, WARM_UP_TOKENS, question=question, system_prompt=setup.system_prompt)
+    started = clock()
+    try:
+        tokens = asyncio.run(_answer(setup, request))
+    except Exception as exc:  # whatever failed, the page shows one line and starts nothing
+        raise RemoteError(
+            f"the warm-up request failed, so nothing was run: {describe_failure(exc, setup.endpoint)}"
+        ) from None
+    return WarmUp(clock() - started, tokens)
+
+
+async def _answer(setup: RunSetup, request: RemoteRequest) -> int:
+    endpoint = setup.endpoint
+    pieces: list[str] = []
+    async with httpx2.AsyncClient(timeout=endpoint.timeout(), headers=endpoint.headers()) as client:
+        result = await asyncio.wait_for(
+            stream_answer(client, endpoint, request_body(request, setup.model, setup.api), setup.api, pieces.append),
+            endpoint.request_timeout_s,
+        )
+    return len(pieces) if result.completion_tokens is None else result.completion_tokens
