@@ -482,8 +482,8 @@ def follow_race_choices(page: Page, race: RaceRun, queue: PromptQueue) -> None:
 
 
 # --- 1. the queue ------------------------------------------------------------------------------------------------
-def queue_section(page: Page) -> bool:
-    """Add, load, edit and delete prompts; Generate and Stop. Returns whether a run was going on at this point."""
+def queue_section(page: Page) -> RunButtons:
+    """Add, load, edit and delete prompts; Generate and Stop, returned (they say whether a run was going on)."""
     state = st.session_state
     queue: PromptQueue = state.queue
     default_cap = page.settings.generation.max_new_tokens
@@ -541,14 +541,43 @@ def queue_section(page: Page) -> bool:
 
     run: LiveRun | RaceRun | None = state.run
     running = run is not None and not run.done
-    go_col, stop_col, _ = st.columns([1, 1, 4])
-    go_col.button("Generate", on_click=start_run, args=(page, queue), type="primary", disabled=running, width="stretch")
-    stop_col.button("Stop", on_click=on_stop, disabled=not running, width="stretch")
+    buttons = RunButtons(st.empty(), page, queue, running)
+    buttons.draw(running)
     if isinstance(run, RaceRun) and running:
         follow_race_choices(page, run, queue)
     elif isinstance(run, LiveRun) and running:  # prompts added mid-run join it at once: the engine keeps going
         join_new_items(run, queue.items, state.run_items, page.formatted, time.perf_counter())
-    return running
+    return buttons
+
+
+@dataclass
+class RunButtons:
+    """Generate and Stop, in a placeholder of their own, so a run that ends during a script run can put Generate
+    back in place and the page go on to its numbers (a rerun cost the page a second redraw: about 0.6 s here)."""
+
+    slot: DeltaGenerator
+    page: Page
+    queue: PromptQueue
+    running: bool  # a run was going on when the script run began
+
+    def draw(self, running: bool, key_suffix: str = "") -> None:
+        with self.slot.container():
+            go_col, stop_col, _ = st.columns([1, 1, 4])
+            go_col.button(
+                "Generate",
+                key=f"generate{key_suffix}",
+                on_click=start_run,
+                args=(self.page, self.queue),
+                type="primary",
+                disabled=running,
+                width="stretch",
+            )
+            stop_col.button("Stop", key=f"stop{key_suffix}", on_click=on_stop, disabled=not running, width="stretch")
+
+    def run_ended(self) -> None:
+        """The run this script run followed has ended: Generate is back (under other keys: a key is drawn once)."""
+        if self.running:
+            self.draw(False, key_suffix="-after-run")
 
 
 # --- 2. answers, streaming -------------------------------------------------------------------------------------
@@ -1185,7 +1214,7 @@ def remote_export(runs: dict[str, RemoteRun], labels: dict[str, str], prompts: d
     )
 
 
-def remote_sections(run: LiveRun, compare: bool, running: bool) -> None:
+def remote_sections(run: LiveRun, compare: bool, buttons: RunButtons) -> None:
     """Sections 2, 3, 5 and 6 for a run on a remote server (no step detail: the server's steps are not visible)."""
     state = st.session_state
     live: RemoteRun = state.run_session
@@ -1199,8 +1228,7 @@ def remote_sections(run: LiveRun, compare: bool, running: bool) -> None:
         other = next(mode for mode in MODES if mode != live.setup.mode)
         found[other] = second_remote(run, live, other, layout.progress)
     runs: dict[str, RemoteRun] = {mode: found[mode] for mode in MODES if mode in found}  # the tables' order
-    if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
-        st.rerun()
+    buttons.run_ended()
     labels = {**run.labels(), **state.get("remote_second_labels", {})}
     prompts = {view.request_id: view.prompt for view in run.views if view.request_id}
     prompts |= {
@@ -1247,23 +1275,22 @@ def main() -> None:
     page = Page(settings, service, builder, choices, options, remote)
     init_state(settings, builder.max_new_tokens)
 
-    running = queue_section(page)
+    buttons = queue_section(page)
     run: LiveRun | RaceRun | None = st.session_state.run
     if run is None:
         return
     if isinstance(run, RaceRun):
-        race_page(service, run, running)
+        race_page(service, run, buttons)
         return
     if isinstance(st.session_state.run_session, RemoteRun):  # the run went to a remote server: its own sections
-        remote_sections(run, choices.compare, running)
+        remote_sections(run, choices.compare, buttons)
         return
     progress_slot, answer_slots = answers_section(run)
     layout = charts_section()
     stream(run, st.session_state.run_session, choices.compare, progress_slot, answer_slots, layout)
     if choices.compare and run.completed:
         replay_all(page, run, st.session_state.run_setup["engine"], layout.replay)
-    if running:  # the run ended during this script run: redraw the page so Generate and Stop show it
-        st.rerun()
+    buttons.run_ended()
     runs = comparison_charts(run, choices.compare, layout)
     meters = {mode: waste_meters(record) for mode, record in runs.items()}  # each run's, read by both sections
     inspector_section(runs, meters, run.labels(), lambda ids: str(service.tokenizer.decode(list(ids))))
@@ -1271,15 +1298,14 @@ def main() -> None:
     export_section(runs, run, st.session_state.run_setup)
 
 
-def race_page(service: EngineClient, race: RaceRun, running: bool) -> None:
+def race_page(service: EngineClient, race: RaceRun, buttons: RunButtons) -> None:
     """Sections 2-6 for a race: both lanes stream live, then the same inspector, numbers and export."""
     progress_slot, answer_slots = race_answers_section(race)
     layout = charts_section(RACE_NOTES)
     race_stream(race, st.session_state.race_handle, progress_slot, answer_slots, layout)
-    if running:  # the race ended during this script run: redraw the page so Generate and Stop show it
+    if buttons.running:  # the race ended during this script run
         st.session_state.race_handle.close()
-        st.rerun()
-    race_charts(race, layout)
+        buttons.run_ended()
     runs = race.runs()
     meters = {mode: waste_meters(record) for mode, record in runs.items()}
     inspector_section(runs, meters, race.labels(), lambda ids: str(service.tokenizer.decode(list(ids))), LANE_RUN_NAMES)
