@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import transformers
@@ -25,11 +26,14 @@ from batching.bench.cli import benchmark, build_parser
 from batching.bench.workloads import load_workload
 from batching.engine.batcher import BatcherOptions
 from batching.engine.params import RequestParams
+from batching.race import RACE_MODES, LaneStep
+from batching.runs import RunRecord
 from batching.service import EngineClient, EngineConfig, RaceHandle
 from batching.service.messages import RaceEnded
 from config.settings import Settings, load_settings
 from model.prompting import format_prompt
 from utils.log_setup import configure_logging
+from utils.metrics import steps_kind
 
 RACE_TIMEOUT_S = 600.0
 
@@ -41,24 +45,40 @@ def bench_speedup(workload: str, repeat: int) -> float:
     return float(benchmark(args)["modes"]["continuous"]["speedup_vs_static"])
 
 
-def race_once(client: EngineClient, options: BatcherOptions, items: list, schedule: Schedule) -> dict[str, float]:
-    """One race to its end; each lane's wall time on its own clock."""
+@dataclass(frozen=True)
+class RaceResult:
+    """One race: each lane's wall time on its own clock, and how its steps ran (`utils.metrics.steps_kind`)."""
+
+    walls: dict[str, float]
+    kinds: dict[str, str]
+
+    @property
+    def speedup(self) -> float:
+        return self.walls["static"] / self.walls["continuous"]
+
+
+def race_once(client: EngineClient, options: BatcherOptions, items: list, schedule: Schedule) -> RaceResult:
+    """One race to its end."""
     race: RaceHandle = client.start_race(options, items, schedule)
+    records = {mode: RunRecord(mode, 0.0) for mode in RACE_MODES}
     deadline = time.monotonic() + RACE_TIMEOUT_S
     try:
         while time.monotonic() < deadline:
             for message in race.poll(timeout=0.2):
-                if isinstance(message, RaceEnded):
+                if isinstance(message, LaneStep):
+                    records[message.mode].extend(message.events)
+                elif isinstance(message, RaceEnded):
                     if message.error:
                         raise RuntimeError(f"the race failed: {message.error}")
-                    return {mode: end - start for mode, start, end in message.walls}
+                    walls = {mode: end - start for mode, start, end in message.walls}
+                    return RaceResult(walls, {mode: steps_kind(record) for mode, record in records.items()})
     finally:
         race.close()
     raise RuntimeError(f"the race did not end within {RACE_TIMEOUT_S:.0f} s")
 
 
-def race_speedup(client: EngineClient, settings: Settings, workload_name: str, repeat: int) -> float:
-    """The page's race on the workload (its batch size, its arrivals, the page's prompt format): median speed-up."""
+def race_queue(settings: Settings, workload_name: str) -> tuple[BatcherOptions, list, Schedule]:
+    """The page's race of a workload: its batch size and arrivals, the page's prompt format and settings."""
     workload = load_workload(workload_name)
     options = BatcherOptions(
         max_batch_size=workload.batch_size,
@@ -73,12 +93,14 @@ def race_speedup(client: EngineClient, settings: Settings, workload_name: str, r
         (format_prompt(r.prompt, *template), RequestParams(r.max_new_tokens or default_cap), f"q{index}")
         for index, r in enumerate(workload.requests)
     ]
+    return options, items, workload.schedule()
+
+
+def race_speedup(client: EngineClient, settings: Settings, workload_name: str, repeat: int) -> float:
+    """The page's race on the workload: median speed-up."""
+    options, items, schedule = race_queue(settings, workload_name)
     race_once(client, options, items[:2], Schedule.at_once(2))  # warm-up, as the benchmark does
-    speedups = []
-    for _ in range(repeat):
-        walls = race_once(client, options, items, workload.schedule())
-        speedups.append(walls["static"] / walls["continuous"])
-    return statistics.median(speedups)
+    return statistics.median(race_once(client, options, items, schedule).speedup for _ in range(repeat))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
