@@ -34,7 +34,7 @@ def wait_until_compiled(client: EngineClient) -> float:
     """Wait (the engine idle, so its compile runs) until every graph is made; returns the seconds waited."""
     started = time.monotonic()
     while (stage := client.compile_state.stage) != "compiled":
-        if stage in ("failed", "off"):
+        if stage in ("failed", "off", "waiting"):  # waiting: no decode step asked for a graph
             raise RuntimeError(f"the engine's compiled steps are {stage}: nothing to compare with")
         if time.monotonic() - started > COMPILE_TIMEOUT_S:
             raise RuntimeError(f"the graph was not made within {COMPILE_TIMEOUT_S:.0f} s")
@@ -45,8 +45,9 @@ def wait_until_compiled(client: EngineClient) -> float:
 def one_start(settings: Settings, workloads: Sequence[str]) -> dict:
     """A cold start: first races, the wait for the graph, the same races again."""
     with tempfile.TemporaryDirectory(prefix="batchscope-cold-") as cache:
-        engine = settings.engine.model_copy(update={"compile_steps": True, "compile_cache_dir": Path(cache)})
-        client = EngineClient(EngineConfig(settings.model, settings.tokenizer, engine), settings.limits)
+        settings = settings.model_copy(deep=True)
+        settings.engine.compile_steps, settings.engine.compile_cache_dir = True, Path(cache)
+        client = EngineClient(EngineConfig(settings.model, settings.tokenizer, settings.engine), settings.limits)
         try:
             queues = {name: race_queue(settings, name) for name in workloads}
             first: dict[str, RaceResult] = {name: race_once(client, *queues[name]) for name in workloads}

@@ -29,6 +29,7 @@ from batching.engine.params import RequestParams
 from batching.race import RACE_MODES, LaneStep
 from batching.runs import RunRecord
 from batching.service import EngineClient, EngineConfig, RaceHandle
+from batching.service.client import engine_options
 from batching.service.messages import RaceEnded
 from config.settings import Settings, load_settings
 from model.prompting import format_prompt
@@ -78,15 +79,10 @@ def race_once(client: EngineClient, options: BatcherOptions, items: list, schedu
 
 
 def race_queue(settings: Settings, workload_name: str) -> tuple[BatcherOptions, list, Schedule]:
-    """The page's race of a workload: its batch size and arrivals, the page's prompt format and settings."""
+    """The page's race of a workload: its batch size and arrivals, the page's prompt format and settings (compiled
+    steps as the settings say)."""
     workload = load_workload(workload_name)
-    options = BatcherOptions(
-        max_batch_size=workload.batch_size,
-        max_batched_tokens=settings.batching.max_batched_tokens,
-        policy=settings.batching.policy,
-        max_seq_len=settings.batching.max_seq_len,
-        max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
-    )
+    options = engine_options(settings, workload.batch_size)
     default_cap = settings.generation.max_new_tokens
     template = (settings.prompt.system_prompt, settings.prompt.template)
     items = [
@@ -113,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--repeat={args.repeat} is not allowed: must be >= 1")
     configure_logging()
     transformers.utils.logging.disable_progress_bar()
-    settings = load_settings()
+    # Eager steps, as the benchmark's static and continuous modes run.
+    settings = load_settings().model_copy(deep=True)
+    settings.engine.compile_steps = False
     client = EngineClient(EngineConfig(settings.model, settings.tokenizer, settings.engine), settings.limits)
     rows = []
     try:
