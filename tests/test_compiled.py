@@ -197,3 +197,52 @@ def test_two_models_of_one_architecture_each_step_on_their_own_weights() -> None
     for model, logits in zip(models, compiled, strict=True):
         torch.testing.assert_close(logits, last_logits(model, compiled=False), atol=1e-4, rtol=1e-4)
     assert (compiled[0] - compiled[1]).abs().max() > 1
+
+
+def test_a_paused_compile_sleeps_at_a_plain_call_but_never_where_a_frame_may_hold_a_lock() -> None:
+    import threading
+    import types
+
+    from batching.engine.compiled import _sleep_while_paused
+
+    def call_under(module_name: str) -> threading.Thread:
+        """The trace function, called from a frame of `module_name`, in a thread of its own."""
+        code = compile("check(sys._getframe(), 'call', None)", f"<{module_name}>", "exec")
+        namespace = {"__name__": module_name, "check": _sleep_while_paused, "sys": sys}
+        thread = threading.Thread(target=types.FunctionType(code, namespace), daemon=True)
+        thread.start()
+        return thread
+
+    pause_compiles(True)
+    try:
+        in_logging = call_under("logging.handlers")  # a handler's lock may be held: no sleep there
+        in_logging.join(5)
+        assert not in_logging.is_alive()
+        plain = call_under("torch._inductor.graph")
+        plain.join(1)
+        assert plain.is_alive()  # asleep until compiles are released
+    finally:
+        pause_compiles(False)
+    plain.join(5)
+    assert not plain.is_alive()
+
+
+def test_a_ready_graph_is_not_used_while_another_graph_is_being_made(tiny_model_dirs) -> None:
+    from batching.engine import compiled
+
+    model = loaded(str(tiny_model_dirs["llama"])).model
+    runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
+    compiler = runner.compiler
+    assert compiler is not None and compiler.compile_now() is not None
+    assert compiler.step() is compiler.forward
+    other = ModelRunner(model, capacity=6, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
+    assert other.compiler is not None
+    with compiled._lock:  # as `_make_paused` registers a compile thread at work
+        compiled._compiling.add(other.compiler)
+    try:
+        # A guard miss would compile again under dynamo's one lock, which the other compile holds: eager instead.
+        assert compiler.step() is None
+    finally:
+        with compiled._lock:
+            compiled._compiling.discard(other.compiler)
+    assert compiler.step() is compiler.forward

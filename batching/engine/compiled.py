@@ -87,14 +87,39 @@ def compiles_paused() -> bool:
     return not _compiles_may_run.is_set()
 
 
+# Code that holds a lock other threads take (a logging handler's, an import's module lock, a condition's) is no
+# place to sleep: the engine loop, blocked on that lock, would never release the compile.
+_HOLDS_LOCKS = ("logging", "importlib", "threading", "concurrent", "queue", "filelock")
+# The frames every thread starts from (in `threading`, holding nothing): the walk up the stack ends there.
+_THREAD_BASE = {
+    threading.Thread.run.__code__,
+    threading.Thread._bootstrap.__code__,  # type: ignore[attr-defined]
+    threading.Thread._bootstrap_inner.__code__,  # type: ignore[attr-defined]
+}
+_compiling: set[StepCompiler] = set()  # compilers whose background thread is at work (guarded by `_lock`)
+
+
 def _sleep_while_paused(frame: types.FrameType, event: str, arg: object) -> None:
-    """The compile thread's trace function: called at each Python call it makes, it waits while compiles are held.
+    """The compile thread's trace function: called at each Python call it makes, it waits while compiles are held,
+    unless a frame on its stack may hold a lock (it pauses at a later call then).
 
     Tracing makes the compile itself about 1.8x longer (measured: 28 s to 50 s on the embedded model, warm cache),
     paid while the engine is idle; no C-level hook can pause a thread in Python 3.11. Returns None: no line events.
     """
-    if not _compiles_may_run.is_set():
-        _compiles_may_run.wait()
+    if _compiles_may_run.is_set():
+        return
+    caller: types.FrameType | None = frame
+    while caller is not None and caller.f_code not in _THREAD_BASE:
+        if caller.f_globals.get("__name__", "").startswith(_HOLDS_LOCKS):
+            return
+        caller = caller.f_back
+    _compiles_may_run.wait()
+
+
+def background_compile_running() -> bool:
+    """Whether a compile thread is making a graph (perhaps paused) in this process."""
+    with _lock:
+        return any(not compiler.ready and not compiler.failed for compiler in _compiling)
 
 
 def default_cache_dir() -> Path:
@@ -214,9 +239,13 @@ class StepCompiler:
         return self._started
 
     def step(self) -> Callable[..., object] | None:
-        """The compiled forward when its graph is ready; else None (run eager) and the graph is made meanwhile."""
+        """The compiled forward when its graph is ready; else None (run eager) and the graph is made meanwhile.
+
+        Also None while another graph is being made: a compiled call that missed its guards would compile again,
+        and dynamo's one compile lock is held by the (perhaps paused) compile thread until its graph is made.
+        """
         if self._ready.is_set():
-            return self.forward
+            return None if background_compile_running() else self.forward
         self.start()
         return None
 
@@ -240,11 +269,15 @@ class StepCompiler:
 
     def _make_paused(self) -> None:
         """`_make` in the background thread, sleeping while compiles are held."""
+        with _lock:
+            _compiling.add(self)
         sys.settrace(_sleep_while_paused)
         try:
             self._make()
         finally:
             sys.settrace(None)
+            with _lock:
+                _compiling.discard(self)
 
     def _make(self) -> None:
         self._started = True
