@@ -235,8 +235,8 @@ class StepCompiler:
 
     @property
     def started(self) -> bool:
-        """Whether making the graph has begun (in the background or in `compile_now`)."""
-        return self._started
+        """Whether making the graph has begun (in the background, perhaps paused, or in `compile_now`)."""
+        return self._started or self._thread is not None
 
     def step(self) -> Callable[..., object] | None:
         """The compiled forward when its graph is ready; else None (run eager) and the graph is made meanwhile.
