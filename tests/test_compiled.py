@@ -1,13 +1,17 @@
 """Compiled decode steps: token for token equal to `generate`, one graph with no graph breaks, the engine
-answering while the graph is made, and a second start finding the graph in the on-disk cache."""
+answering while the graph is made, a second start finding the graph in the on-disk cache, and a graph that fails
+(made, or re-made at run time) leaving the steps eager without failing a request."""
 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,12 +20,13 @@ from torch._dynamo.utils import counters
 from transformers import LlamaForCausalLM
 
 from batching.engine.batcher import Batcher, BatcherOptions
-from batching.engine.compiled import StepCompiler
-from batching.engine.events import TokenEvent
+from batching.engine.compiled import StepCompiler, compile_state
+from batching.engine.events import Event, TokenEvent
 from batching.engine.params import RequestParams
+from batching.engine.request import FinishReason
 from batching.engine.runner import ModelRunner
 from tests.conftest import TINY_CONFIGS
-from tests.engine_helpers import loaded, random_prompts, reference, run_with_late_arrivals
+from tests.engine_helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPS = [40, 3, 25, 60, 9, 33]
@@ -156,3 +161,76 @@ def test_two_models_of_one_architecture_each_step_on_their_own_weights() -> None
     for model, logits in zip(models, compiled, strict=True):
         torch.testing.assert_close(logits, last_logits(model, compiled=False), atol=1e-4, rtol=1e-4)
     assert (compiled[0] - compiled[1]).abs().max() > 1
+
+
+# Two slots (rows stay static: a short compile) and a cache length no other test compiles.
+FALLBACK = BatcherOptions(
+    max_batch_size=2, max_batched_tokens=16, max_seq_len=96, compile_steps=True, compile_autotune=False
+)
+
+
+@contextmanager
+def dynamo_refusing_a_re_trace() -> Iterator[None]:
+    """The next compiled call re-traces, and dynamo refuses to: a real failure of a compiled call at run time.
+
+    The re-trace comes from TF32 matmuls switched on, a global flag the graph's guards check and a CPU step ignores.
+    """
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = not tf32
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _failures(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if "steps stay eager" in record.getMessage()]
+
+
+def test_a_compiled_step_that_fails_at_run_time_reruns_eager_and_its_request_stays_exact(
+    tiny_model_dirs, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = loaded(str(tiny_model_dirs["llama"]))
+    batcher = Batcher(model.model, model.tokenizer, FALLBACK)
+    compiler = batcher.runner.compiler
+    assert compiler is not None and compiler.compile_now() is not None
+    prompt, cap = [5, 6, 7, 8], 40
+    request = batcher.add(prompt, RequestParams(cap, ignore_eos=True))
+    events: list[Event] = []
+    while batcher.runner.compiled_steps < 5:
+        events += batcher.step()
+    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"), dynamo_refusing_a_re_trace():
+        while batcher.has_work:
+            events += batcher.step()
+    finished = finished_by_id(events)[request.request_id]
+    assert finished.reason is FinishReason.LENGTH, finished.error
+    assert list(finished.output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
+    assert batcher.runner.compiled_steps == 5  # the step that failed and every later one ran eager
+    assert compiler.failed and compile_state(model.model, enabled=True).stage == "failed"
+    (line,) = _failures(caplog)
+    assert line.startswith("a compiled decode step failed, steps stay eager: RecompileError: ")
+
+
+def test_a_decode_graph_that_cannot_be_made_leaves_the_steps_eager_and_is_not_tried_again(
+    tiny_model_dirs, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = loaded(str(tiny_model_dirs["llama"]))
+    # A graph on this model already: a cache of another length is a re-trace of it, which dynamo refuses below.
+    Batcher(model.model, model.tokenizer, FALLBACK).runner.compiler.compile_now()
+    batcher = Batcher(model.model, model.tokenizer, replace(FALLBACK, max_seq_len=FALLBACK.max_seq_len - 1))
+    compiler = batcher.runner.compiler
+    assert compiler is not None
+    prompt, cap = [9, 10, 11], 20
+    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"), dynamo_refusing_a_re_trace():
+        assert compiler.compile_now() is None
+        request = batcher.add(prompt, RequestParams(cap, ignore_eos=True))
+        events = list(batcher.run())
+        assert compiler.compile_now() is None
+    # Not tried again: no compile running, none made since.
+    assert not any(thread.name == "batchscope-compile" for thread in threading.enumerate()) and not compiler.ready
+    finished = finished_by_id(events)[request.request_id]
+    assert list(finished.output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
+    assert batcher.runner.compiled_steps == 0 and compiler.failed
+    (line,) = _failures(caplog)
+    assert line.startswith("compiling the decode step failed, steps stay eager: RecompileError: ")
