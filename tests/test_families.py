@@ -31,6 +31,19 @@ def _prompts() -> list[list[int]]:
     return prompts
 
 
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One torch thread, as the engine process runs a small model: on shared cores two threads mostly wait on each
+    other (with other work on this machine, the eager matrix took 491 s on two threads and 33 s on one, and a
+    compiled step 53 ms instead of 0.6). Compiled graphs are guarded on the count: it is the same for every test."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _assert_equals_generate(batcher: Batcher, name: str) -> list[Event]:
     """Run the matrix's requests on `batcher`, some joining mid-run, and compare each with `generate` on it alone."""
     model = batcher.model
@@ -79,20 +92,7 @@ def _compiled_options(mode: str) -> BatcherOptions:
     )
 
 
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One torch thread, as the engine process runs a small model: on shared cores two threads mostly wait on each
-    other (a compiled step took 53 ms instead of 0.6 while other work ran). Graphs are guarded on the count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", EXACT)
 def test_compiled_decode_steps_equal_generate_for_every_supported_family(family_model_dirs, name, mode) -> None:
