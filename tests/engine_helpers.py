@@ -83,15 +83,22 @@ def fail_sampling_with_seed_666() -> None:
 
 
 def run_with_late_arrivals(
-    batcher: Batcher, prompts: list, caps: list[int], late_from: int, join_at_step: int, ignore_eos: bool = False
+    batcher: Batcher,
+    prompts: list,
+    caps: list[int],
+    late_from: int,
+    join_at_step: int,
+    ignore_eos: bool = False,
+    events: list[Event] | None = None,
 ) -> dict[int, list[int]]:
-    """Submit the first requests at once and the rest while the batch is already running; outputs by index."""
+    """Submit the first requests at once and the rest while the batch is already running; outputs by index.
+    `events`, when given, receives every event of the run."""
 
     def add(prompt: list, cap: int) -> str:
         return batcher.add(prompt, RequestParams(cap, ignore_eos=ignore_eos)).request_id
 
     ids = [add(p, c) for p, c in zip(prompts[:late_from], caps[:late_from], strict=True)]
-    events: list[Event] = []
+    events = [] if events is None else events
     while batcher.has_work or len(ids) < len(prompts):
         if batcher.step_index == join_at_step and len(ids) < len(prompts):
             ids += [add(p, c) for p, c in zip(prompts[late_from:], caps[late_from:], strict=True)]

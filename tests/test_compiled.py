@@ -1,15 +1,19 @@
 """Compiled decode steps: token for token equal to `generate`, one graph with no graph breaks, the engine
-answering while the graph is made, and a second start finding the graph in the on-disk cache."""
+answering while the graph is made, a second start finding the graph in the on-disk cache, and a graph that fails
+(made, or re-made at run time) leaving the steps eager without failing a request."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,13 +22,14 @@ from torch._dynamo.utils import counters
 from transformers import LlamaForCausalLM
 
 from batching.engine.batcher import Batcher, BatcherOptions
-from batching.engine.compiled import StepCompiler, pause_compiles
-from batching.engine.events import TokenEvent
+from batching.engine.compiled import StepCompiler, compile_state, pause_compiles
+from batching.engine.events import Event, TokenEvent
 from batching.engine.params import RequestParams
+from batching.engine.request import FinishReason
 from batching.engine.runner import ModelRunner
 from batching.runs import RunRecord
 from tests.conftest import TINY_CONFIGS
-from tests.engine_helpers import loaded, random_prompts, reference, run_with_late_arrivals
+from tests.engine_helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals
 from utils.metrics import steps_kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,10 +53,10 @@ def counting_compiled_steps(compiler: StepCompiler) -> Iterator[list[int]]:
         compiler.forward = forward
 
 
-@pytest.mark.parametrize("name", ["builtin", "mistral", "qwen2"])
-def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_breaks(family_model_dirs, name) -> None:
-    folder = str(ROOT / "model" / "builtin") if name == "builtin" else str(family_model_dirs[name])
-    model = loaded(folder)
+def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_breaks() -> None:
+    # The embedded model with the default, autotuned kernels; every family's graph, untimed, is checked by the
+    # families matrix (tests/test_families.py).
+    model = loaded(str(ROOT / "model" / "builtin"))
     prompts = random_prompts(len(CAPS), vocab=300, seed=4, longest=30)
     expected = [reference(model.model, p, c, ignore_eos=True) for p, c in zip(prompts, CAPS, strict=True)]
     options = BatcherOptions(max_batch_size=4, max_batched_tokens=24, max_seq_len=128, compile_steps=True)
@@ -64,7 +69,7 @@ def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_bre
     with counting_compiled_steps(compiler) as calls:
         outputs = run_with_late_arrivals(batcher, prompts, CAPS, late_from=4, join_at_step=3, ignore_eos=True)
     for i, want in enumerate(expected):
-        assert outputs[i] == want, f"{name}: request {i} (prompt {len(prompts[i])}, cap {CAPS[i]}) differs"
+        assert outputs[i] == want, f"request {i} (prompt {len(prompts[i])}, cap {CAPS[i]}) differs"
     # Histories from under 32 to over 90 columns, rows from 4 down to 1: still the one graph made up front.
     assert calls[0] > 40
     assert counters["stats"]["unique_graphs"] - graphs <= 1
@@ -246,3 +251,76 @@ def test_a_ready_graph_is_not_used_while_another_graph_is_being_made(tiny_model_
         with compiled._lock:
             compiled._compiling.discard(other.compiler)
     assert compiler.step() is compiler.forward
+
+
+# Two slots (rows stay static: a short compile) and a cache length no other test compiles.
+FALLBACK = BatcherOptions(
+    max_batch_size=2, max_batched_tokens=16, max_seq_len=96, compile_steps=True, compile_autotune=False
+)
+
+
+@contextmanager
+def dynamo_refusing_a_re_trace() -> Iterator[None]:
+    """The next compiled call re-traces, and dynamo refuses to: a real failure of a compiled call at run time.
+
+    The re-trace comes from TF32 matmuls switched on, a global flag the graph's guards check and a CPU step ignores.
+    """
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = not tf32
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _failures(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if "steps stay eager" in record.getMessage()]
+
+
+def test_a_compiled_step_that_fails_at_run_time_reruns_eager_and_its_request_stays_exact(
+    tiny_model_dirs, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = loaded(str(tiny_model_dirs["llama"]))
+    batcher = Batcher(model.model, model.tokenizer, FALLBACK)
+    compiler = batcher.runner.compiler
+    assert compiler is not None and compiler.compile_now() is not None
+    prompt, cap = [5, 6, 7, 8], 40
+    request = batcher.add(prompt, RequestParams(cap, ignore_eos=True))
+    events: list[Event] = []
+    while batcher.runner.compiled_steps < 5:
+        events += batcher.step()
+    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"), dynamo_refusing_a_re_trace():
+        while batcher.has_work:
+            events += batcher.step()
+    finished = finished_by_id(events)[request.request_id]
+    assert finished.reason is FinishReason.LENGTH, finished.error
+    assert list(finished.output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
+    assert batcher.runner.compiled_steps == 5  # the step that failed and every later one ran eager
+    assert compiler.failed and compile_state(model.model, enabled=True).stage == "failed"
+    (line,) = _failures(caplog)
+    assert line.startswith("a compiled decode step failed, steps stay eager: RecompileError: ")
+
+
+def test_a_decode_graph_that_cannot_be_made_leaves_the_steps_eager_and_is_not_tried_again(
+    tiny_model_dirs, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = loaded(str(tiny_model_dirs["llama"]))
+    # A graph on this model already: a cache of another length is a re-trace of it, which dynamo refuses below.
+    Batcher(model.model, model.tokenizer, FALLBACK).runner.compiler.compile_now()
+    batcher = Batcher(model.model, model.tokenizer, replace(FALLBACK, max_seq_len=FALLBACK.max_seq_len - 1))
+    compiler = batcher.runner.compiler
+    assert compiler is not None
+    prompt, cap = [9, 10, 11], 20
+    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"), dynamo_refusing_a_re_trace():
+        assert compiler.compile_now() is None
+        request = batcher.add(prompt, RequestParams(cap, ignore_eos=True))
+        events = list(batcher.run())
+        assert compiler.compile_now() is None
+    # Not tried again: no compile running, none made since.
+    assert not any(thread.name == "batchscope-compile" for thread in threading.enumerate()) and not compiler.ready
+    finished = finished_by_id(events)[request.request_id]
+    assert list(finished.output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
+    assert batcher.runner.compiled_steps == 0 and compiler.failed
+    (line,) = _failures(caplog)
+    assert line.startswith("compiling the decode step failed, steps stay eager: RecompileError: ")

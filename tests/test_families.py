@@ -1,20 +1,28 @@
-"""Every model family: greedy output of both batchers equals `generate` on each prompt alone, or the model is
-refused at build time with one line naming its type and the reason. The matrix lives in tests/families.py."""
+"""Every model family: greedy output of both batchers, eager and with compiled decode steps, equals `generate` on
+each prompt alone, or the model is refused at build time with one line naming its type and the reason. The matrix
+lives in tests/families.py."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import torch
+from torch._dynamo.utils import counters
 
 from batching.engine.batcher import MODES, Batcher, BatcherOptions
+from batching.engine.events import Event, RowKind
 from batching.engine.model_support import UnsupportedModelError, attention_features, model_context_length
 from batching.engine.params import RequestParams
-from tests.engine_helpers import loaded, random_prompts, reference, run_with_late_arrivals
+from tests.engine_helpers import loaded, random_prompts, reference, run_with_late_arrivals, steps_of
 from tests.families import FAMILIES, ORIGINAL_CONTEXT, WINDOW
 
 EXACT = [family.name for family in FAMILIES if not family.refused]
 REFUSED = [family.name for family in FAMILIES if family.refused]
 CAPS = [1, 60, 3, 17, 40, 2, 25, 9]
 LONGEST_PROMPT = 30  # several chunks under the token budget below, and far past the sliding window
+COMPILED_CONTEXT = 96  # the longest request (prompt 30, cap 60) fits
+ONE_TOKEN = (RowKind.DECODE, RowKind.HELD)  # a step whose rows are all these is a decode step
 
 
 def _prompts() -> list[list[int]]:
@@ -23,23 +31,83 @@ def _prompts() -> list[list[int]]:
     return prompts
 
 
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One torch thread, as the engine process runs a small model: on shared cores two threads mostly wait on each
+    other (with other work on this machine, the eager matrix took 491 s on two threads and 33 s on one, and a
+    compiled step 53 ms instead of 0.6). Compiled graphs are guarded on the count: it is the same for every test."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _assert_equals_generate(batcher: Batcher, name: str) -> list[Event]:
+    """Run the matrix's requests on `batcher`, some joining mid-run, and compare each with `generate` on it alone."""
+    model = batcher.model
+    prompts = _prompts()
+    context = model_context_length(model)
+    caps = [min(cap, context - len(prompt)) for prompt, cap in zip(prompts, CAPS, strict=True)]
+    ends = [len(p) + c for p, c in zip(prompts, caps, strict=True)]
+    assert max(ends) > 4 * WINDOW or max(ends) == context  # windows crossed; a capped context reached
+    expected = [reference(model, p, c, ignore_eos=True) for p, c in zip(prompts, caps, strict=True)]
+    events: list[Event] = []
+    outputs = run_with_late_arrivals(
+        batcher, prompts, caps, late_from=5, join_at_step=4, ignore_eos=True, events=events
+    )
+    for i, want in enumerate(expected):
+        assert outputs[i] == want, (
+            f"{name} {batcher.mode}: request {i} (prompt {len(prompts[i])}, cap {caps[i]}) differs"
+        )
+    assert batcher.runner.cache.active_rows == 0
+    return events
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", EXACT)
 def test_greedy_output_equals_generate_for_every_supported_family(family_model_dirs, name: str, mode: str) -> None:
     model = loaded(str(family_model_dirs[name]))
-    prompts = _prompts()
-    context = model_context_length(model.model)
-    caps = [min(cap, context - len(prompt)) for prompt, cap in zip(prompts, CAPS, strict=True)]
-    ends = [len(p) + c for p, c in zip(prompts, caps, strict=True)]
-    assert max(ends) > 4 * WINDOW or max(ends) == context  # windows crossed; a capped context reached
-    expected = [reference(model.model, p, c, ignore_eos=True) for p, c in zip(prompts, caps, strict=True)]
     # A small token budget forces chunked prefill of the longer prompts alongside other rows' decode steps.
     options = BatcherOptions(max_batch_size=3, max_batched_tokens=12)
-    batcher = Batcher(model.model, model.tokenizer, options, mode=mode)
-    outputs = run_with_late_arrivals(batcher, prompts, caps, late_from=5, join_at_step=4, ignore_eos=True)
-    for i, want in enumerate(expected):
-        assert outputs[i] == want, f"{name} {mode}: request {i} (prompt {len(prompts[i])}, cap {caps[i]}) differs"
-    assert batcher.runner.cache.active_rows == 0
+    _assert_equals_generate(Batcher(model.model, model.tokenizer, options, mode=mode), name)
+
+
+def _compiled_options(mode: str) -> BatcherOptions:
+    """The matrix's slots and budget with compiled steps, the kernels untimed (a compile of half the time).
+
+    Both batchers get caches of one length, so they share one graph (a compiler per slot count and cache length):
+    the static cache's room for left padding is the continuous one's longer context. Phi-3's context is capped
+    below both, so its two batchers make a graph each.
+    """
+    context = COMPILED_CONTEXT + LONGEST_PROMPT if mode == "continuous" else COMPILED_CONTEXT
+    return BatcherOptions(
+        max_batch_size=3,
+        max_batched_tokens=12,
+        max_seq_len=context,
+        max_prompt_tokens=LONGEST_PROMPT,
+        compile_steps=True,
+        compile_autotune=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", EXACT)
+def test_compiled_decode_steps_equal_generate_for_every_supported_family(family_model_dirs, name, mode) -> None:
+    model = loaded(str(family_model_dirs[name]))
+    batcher = Batcher(model.model, model.tokenizer, _compiled_options(mode), mode=mode)
+    compiler = batcher.runner.compiler
+    assert compiler is not None
+    # 8-15 s a family here; the static batcher finds its family's graph made (but for Phi-3's).
+    assert compiler.compile_now() is not None, f"{name}: its decode graph was not made"
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    events = _assert_equals_generate(batcher, name)
+    decode_steps = sum(all(row.kind in ONE_TOKEN for row in step.rows) for step in steps_of(events))
+    # Every decode step went through the graph made up front: none ran eager, none re-traced it, none broke it.
+    assert batcher.runner.compiled_steps == decode_steps > 20 and not compiler.failed
+    assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
 
 
 @pytest.mark.parametrize("name", REFUSED)
@@ -85,8 +153,6 @@ def test_the_readme_table_of_families_is_what_the_matrix_prints() -> None:
 
 @pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "mistral"])
 def test_generate_on_a_model_switched_to_the_engine_attention_still_matches_its_own(family_model_dirs, name) -> None:
-    import torch
-
     from batching.engine.attention import ATTENTION_NAME
 
     model = loaded(str(family_model_dirs[name])).model

@@ -3,7 +3,8 @@
 A decode step (every row one new token) keeps its row count symbolic (one row is padded to two, as a size of 1
 would be specialised on), and its cached columns are rounded up to a multiple of `KV_STEP` and kept symbolic, so
 one graph with no graph breaks covers every decode step of a batcher, whatever its rows and history. The graph
-is made in a background thread on a scratch runner with its own cache; until it is ready, steps run eager. The
+is made in a background thread on a scratch runner with its own cache; until it is ready, steps run eager, and for
+good once it fails to be made, or to be re-made when a later step's guards fail (that step reruns eager). The
 thread sleeps while `pause_compiles(True)` holds (the engine holds it whenever a batcher has work), so no step
 shares the cores with a compile. Steps
 with prompt chunks always run eager: their shapes vary with every chunk (a big prompt step's matmuls ran at the
@@ -252,7 +253,7 @@ class StepCompiler:
     def start(self) -> None:
         """Make the graph in a background thread (once; a failure leaves the steps eager for good)."""
         with self._lock:
-            if self._thread is None and not self._ready.is_set():
+            if self._thread is None and not self._ready.is_set() and not self.failed:
                 self._thread = threading.Thread(target=self._make_paused, name="batchscope-compile", daemon=True)
                 self._thread.start()
 
@@ -263,9 +264,17 @@ class StepCompiler:
             thread = self._thread
         if thread is not None:
             thread.join()
-        elif not self._ready.is_set():
+        elif not self._ready.is_set() and not self.failed:
             self._make()
-        return self.compile_s
+        return None if self.failed else self.compile_s
+
+    def fail(self, exc: Exception, what: str) -> None:
+        """Give up on the graph for good, in one line of the log: every later step runs eager."""
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        logger.warning("%s, steps stay eager: %s: %s", what, type(exc).__name__, first_line)
+        logger.debug("compile failure", exc_info=exc)
+        self.failed = True
+        self._ready.clear()
 
     def _make_paused(self) -> None:
         """`_make` in the background thread, sleeping while compiles are held."""
@@ -287,10 +296,7 @@ class StepCompiler:
             with torch._dynamo.config.patch(prepare_freezing=True):
                 self._warm(self.forward, (self.capacity, min(2 * KV_STEP, self.max_len - 1)))
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            logger.warning("compiling the decode step failed, steps stay eager: %s: %s", type(exc).__name__, first_line)
-            logger.debug("compile failure", exc_info=True)
-            self.failed = True
+            self.fail(exc, "compiling the decode step failed")
             return
         self.compile_s = time.perf_counter() - start
         self._ready.set()

@@ -66,6 +66,11 @@ class SlotLayer(CacheLayerMixin):
         return self.owner.max_len, 0
 
     def get_seq_length(self) -> int:
+        if torch.compiler.is_compiling():
+            # A compiled step (always a decode step) reads it from its own write columns, each row's length, as a
+            # 0-d tensor as transformers' static cache does: a Python int would be guarded on, so every step would
+            # re-trace (OPT asks for it in every forward, and uses it only without position ids).
+            return self.owner.plan.write_columns.max()  # type: ignore[return-value]
         return max(self.owner.lengths[: self.owner.active_rows], default=0)
 
     def get_max_length(self) -> int:

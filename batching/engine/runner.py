@@ -54,6 +54,7 @@ class ModelRunner:
             # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
             self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
+        self.compiled_steps = 0  # decode steps the compiled graph answered: what shows it served them
         if compile_steps:
             # A weak reference: the compiler is a value of a weak dictionary keyed by this model.
             warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id)
@@ -159,12 +160,20 @@ class ModelRunner:
 
     def _decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile)."""
-        if self.compiler is not None:
-            bucket = self.compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
-            step = self.compiler.step() if bucket is not None else None
+        compiler = self.compiler
+        if compiler is not None:
+            bucket = compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
+            step = compiler.step() if bucket is not None else None
             if step is not None:
-                self.last_compiled = True
-                return self._decode_with(tokens, positions, step, bucket)
+                try:
+                    logits = self._decode_with(tokens, positions, step, bucket)
+                except Exception as exc:  # e.g. a guard failed and dynamo could not re-trace: no request pays for it
+                    # Rerunning eager is safe: the cache's lengths move only after a step, and its writes repeat.
+                    compiler.fail(exc, "a compiled decode step failed")
+                else:
+                    self.compiled_steps += 1
+                    self.last_compiled = True
+                    return logits
         return self._decode_with(tokens, positions, None, None)
 
     def _decode_with(

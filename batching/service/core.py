@@ -233,7 +233,7 @@ class EngineCore:
         for race_id, race in list(self.races.items()):
             if race.wait_s(now) == 0.0:
                 self._step_race(race_id, race)
-        if compile_state(self.model, self.settings.compile_steps) != self._compile_sent:  # a graph was made
+        if compile_state(self.model, self.settings.compile_steps) != self._compile_sent:  # a graph was made, or failed
             self.emit(self.stats())
 
     def _step_shared(self, options: BatcherOptions, shared: SharedBatcher) -> None:
