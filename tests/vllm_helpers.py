@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from batching.bench.serve_peer import Load, running_server, server_specs
 from batching.bench.vllm_server import NOT_INSTALLED, find_python
@@ -60,11 +61,17 @@ def serving_benchmark_vllm(folder: Path) -> Iterator[RunningVllm]:
 
 
 def our_answers(prompts: Sequence[str | Sequence[int]], caps: Sequence[int], ignore_eos: bool) -> list[FinishedEvent]:
-    """Our continuous batcher's greedy answers on the embedded model, in prompt order."""
+    """Our continuous batcher's greedy answers on the embedded model, in prompt order (one torch thread: two are
+    several times slower for a model this small on this 2-core machine)."""
     model = loaded(MODEL)
     batcher = Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=SLOTS), mode="continuous")
     for index, (prompt, cap) in enumerate(zip(prompts, caps, strict=True)):
         text_or_ids = prompt if isinstance(prompt, str) else list(prompt)
         batcher.add(text_or_ids, RequestParams(cap, ignore_eos=ignore_eos), request_id=str(index))
-    finished = {event.request_id: event for event in batcher.run() if isinstance(event, FinishedEvent)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        finished = {event.request_id: event for event in batcher.run() if isinstance(event, FinishedEvent)}
+    finally:
+        torch.set_num_threads(threads)
     return [finished[str(index)] for index in range(len(prompts))]
