@@ -178,6 +178,19 @@ def test_without_vllm_the_serving_benchmark_says_not_installed_and_runs_the_othe
     assert "no server left to run without vLLM" in capsys.readouterr().err
 
 
+def test_a_guidellm_found_on_a_relative_path_is_named_by_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # guidellm runs in a folder of its own, where `PATH=.venv/bin:$PATH`'s relative entry finds nothing
+    script = tmp_path / "venv" / "bin" / "guidellm"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\necho 'guidellm version 0.8.1'\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "venv/bin")
+    assert serve_peer.guidellm_binary(None) == (str(script), "0.8.1")
+
+
 def test_repeated_rounds_give_per_load_medians_with_counts_summed_ordered_by_load_then_server() -> None:
     theirs = parse_report(_report("transformers-1-poisson"), "transformers")
     ours = [replace(row, server="batchscope") for row in theirs]

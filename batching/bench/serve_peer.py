@@ -447,6 +447,7 @@ def guidellm_binary(given: str | None) -> tuple[str, str]:
         raise ServePeerError(
             f"guidellm not found ({given or 'not on PATH'}): pip install -r requirements-bench.txt, or --guidellm PATH"
         )
+    path = str(Path(path).resolve())  # guidellm runs in a folder of its own: `PATH=.venv/bin:$PATH` is relative
     result = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         raise ServePeerError(f"{path} --version failed with code {result.returncode}: {result.stderr.strip()[:200]}")
