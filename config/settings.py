@@ -145,6 +145,16 @@ class RemoteSettings(BaseModel):
     telemetry_interval_s: float = Field(0.25, ge=0.05, le=60, description="how often /metrics is read")
 
 
+class PeerSettings(BaseModel):
+    """Other engines the benchmarks and tests run next to ours, each installed apart from the app."""
+
+    vllm_python: Path | None = Field(
+        None,
+        description="the Python of vLLM's own environment (scripts/install-vllm.sh);"
+        " default: <user cache>/batchscope/vllm/bin/python",
+    )
+
+
 class Settings(BaseSettings):
     """All of Batchscope's settings."""
 
@@ -165,6 +175,7 @@ class Settings(BaseSettings):
     prompt: PromptSettings = PromptSettings()
     server: ServerSettings = ServerSettings()
     remote: RemoteSettings = RemoteSettings()
+    peers: PeerSettings = PeerSettings()
 
 
 class SettingsError(ValueError):

@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from tests.engine_helpers import KEEP_EAGER
+from tests.vllm_helpers import RunningVllm, serving_benchmark_vllm
 
 # Engines started by the tests (AppTest, browser, servers: subprocesses inherit this) run eager: compiling their
 # decode steps in the background would take both of this machine's cores for half a minute per engine. The
@@ -111,6 +112,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> objec
     if os.environ.get("CI", "").lower() == "true" and report.skipped and call.when in ("setup", "call"):
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which requires every dependency: {report.longrepr}"
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningVllm]:
+    """vLLM's real server on the embedded model, shared by the whole session: it takes about a minute to start
+    (half of it compiling the model) and idles at about 2 % of a core. Skips when vLLM is not installed."""
+    with serving_benchmark_vllm(tmp_path_factory.mktemp("vllm")) as server:
+        yield server
 
 
 # --- browser tests: the Streamlit server and chromium (helpers in tests/browser_helpers.py) -------------------------

@@ -16,6 +16,7 @@ import pytest
 
 from batching.bench import serve_peer
 from batching.bench.serve_peer import Load, ServePeerError, format_table, parse_report, scenario, server_specs
+from tests.vllm_helpers import RunningVllm
 
 DATA = Path(__file__).parent / "data"
 MODEL = "model/builtin"
@@ -101,7 +102,7 @@ def test_both_servers_get_the_same_slots_token_budget_and_one_thread(tmp_path: P
         (["--rates", "0"], "'0'"),
         (["--rates", "two"], "'two'"),
         (["--requests", "0"], "--requests 0"),
-        (["--servers", "vllm"], "'vllm'"),
+        (["--servers", "sglang"], "'sglang'"),
         (["--model", "nowhere"], "'nowhere'"),
         (["--guidellm", "/nonexistent/guidellm"], "/nonexistent/guidellm"),
         (["--no-such-flag"], "--no-such-flag"),
@@ -127,7 +128,7 @@ def _completion_tokens(url: str, spec: serve_peer.ServerSpec, ignore_eos: bool) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", serve_peer.SERVERS)
+@pytest.mark.parametrize("name", ["batchscope", "transformers"])  # vLLM: the session's server, below
 def test_each_real_server_starts_answers_to_full_length_with_its_ignore_eos_field_and_stops(
     name: str, tmp_path: Path
 ) -> None:
@@ -137,6 +138,57 @@ def test_each_real_server_starts_answers_to_full_length_with_its_ignore_eos_fiel
         assert _completion_tokens(url, spec, ignore_eos=True) == 64
     with pytest.raises(OSError):
         serve_peer._post_json(f"{url}/v1/completions", {"model": MODEL, "prompt": "Q: hi\nA:"}, 5)
+
+
+def test_vllm_started_as_the_serving_benchmark_starts_it_answers_to_full_length_with_ignore_eos(
+    vllm: RunningVllm, tmp_path: Path
+) -> None:
+    spec = server_specs(vllm.model, vllm.slots, 512, LOAD, tmp_path, Path("python"))["vllm"]
+    assert _completion_tokens(vllm.url, spec, ignore_eos=False) < 64  # the model ends this answer at EOS
+    assert _completion_tokens(vllm.url, spec, ignore_eos=True) == 64
+
+
+def test_vllm_gets_the_same_load_slots_token_budget_and_one_thread(tmp_path: Path) -> None:
+    specs = server_specs(MODEL, 4, 256, LOAD, tmp_path, Path("/venv/bin/python"))
+    vllm = specs["vllm"]
+    command = list(vllm.command)
+    assert command[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    flags = dict(zip(command[3::2], command[4::2], strict=False))
+    assert flags["--model"] == MODEL and flags["--served-model-name"] == MODEL  # the name guidellm sends
+    assert flags["--max-num-seqs"] == "4" and flags["--max-num-batched-tokens"] == "256"
+    assert flags["--max-model-len"] == "256"  # one 256-token page per request of <= 128 tokens, as transformers
+    assert "--no-enable-prefix-caching" in command  # repeated rounds must not skip their prefill
+    assert vllm.env["OMP_NUM_THREADS"] == "1" and vllm.env["HF_HUB_OFFLINE"] == "1"
+    assert vllm.startup_timeout_s > serve_peer.STARTUP_TIMEOUT_S  # about a minute, more on a busy machine
+    profile = {"kind": "throughput", "max_concurrency": 10}
+    ours = scenario("http://a", MODEL, tmp_path, specs["batchscope"], LOAD, profile)
+    assert scenario("http://a", MODEL, tmp_path, vllm, LOAD, profile) == ours  # ignore_eos: the same field as ours
+
+
+def test_without_vllm_the_serving_benchmark_says_not_installed_and_runs_the_other_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("BATCHSCOPE_PEERS__VLLM_PYTHON", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no environment at the default place
+    assert serve_peer.main(["--servers", "batchscope,vllm", "--guidellm", "/nonexistent/guidellm"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "vllm: not installed (bash scripts/install-vllm.sh)"
+    assert "/nonexistent/guidellm" in err[1]  # it went on with the other server, as far as the load generator
+    assert serve_peer.main(["--servers", "vllm"]) == 2
+    assert "no server left to run without vLLM" in capsys.readouterr().err
+
+
+def test_a_guidellm_found_on_a_relative_path_is_named_by_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # guidellm runs in a folder of its own, where `PATH=.venv/bin:$PATH`'s relative entry finds nothing
+    script = tmp_path / "venv" / "bin" / "guidellm"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\necho 'guidellm version 0.8.1'\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "venv/bin")
+    assert serve_peer.guidellm_binary(None) == (str(script), "0.8.1")
 
 
 def test_repeated_rounds_give_per_load_medians_with_counts_summed_ordered_by_load_then_server() -> None:

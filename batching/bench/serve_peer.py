@@ -1,13 +1,15 @@
-"""Our OpenAI-compatible server next to `transformers serve --continuous-batching`, driven by the same load generator.
+"""Our OpenAI-compatible server next to `transformers serve --continuous-batching` and vLLM's own server, driven by
+the same load generator.
 
     python -m batching.bench.serve_peer --rates 2,4,8 --requests 30 --json serve-peer.json
 
 Each server runs as a subprocess on a free port with the same model folder, the same number of slots and per-step
-token budget, on CPU with one torch thread. guidellm (the vLLM project's load generator, `requirements-bench.txt`)
-sends the same seeded synthetic prompts, built from the model's own tokenizer, at Poisson request rates and then all
-at once (its `throughput` profile); every answer is forced to the same length. Servers alternate (ours, theirs, ours,
-...) because this machine's speed drifts. Prints TTFT / ITL / throughput per server and rate; bad input is one line
-on stderr and exit code 2.
+token budget, on CPU with one torch thread (vLLM from its own environment, scripts/install-vllm.sh; without it the
+script says "not installed" and runs the other two). guidellm (the vLLM project's load generator,
+`requirements-bench.txt`) sends the same seeded synthetic prompts, built from the model's own tokenizer, at Poisson
+request rates and then all at once (its `throughput` profile); every answer is forced to the same length. Servers
+alternate (ours, theirs, ours, ...) because this machine's speed drifts. Prints TTFT / ITL / throughput per server
+and rate; bad input is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -18,13 +20,10 @@ import json
 import math
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -32,7 +31,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
-SERVERS = ("batchscope", "transformers")
+from batching.bench import vllm_server
+from batching.bench.local_server import LocalServer, ServerStartError, log_tail
+from batching.bench.vllm_server import (
+    NOT_INSTALLED,
+    VllmNotFoundError,
+    VllmSettings,
+    find_python,
+    server_command,
+    vllm_version,
+)
+from config.settings import SettingsError, load_settings
+
+SERVERS = ("batchscope", "transformers", "vllm")
 PAGE_SIZE = 256  # transformers' continuous-batching page (KV block) size, in tokens
 REPORT_VERSION = 2  # the layout of guidellm's JSON report this parser reads (guidellm 0.8)
 STARTUP_TIMEOUT_S = 180.0
@@ -70,6 +81,7 @@ class ServerSpec:
     command: tuple[str, ...]
     env: dict[str, str]
     ignore_eos_body: dict[str, Any]
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batched-tokens", type=int, default=512, help="per-step token budget (default: 512)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds, servers alternating (default: 1)")
     parser.add_argument("--guidellm", help="the guidellm executable (default: the one on PATH)")
+    parser.add_argument("--vllm-python", help="vLLM's environment's Python (default: BATCHSCOPE_PEERS__VLLM_PYTHON)")
     parser.add_argument("--json", type=Path, help="write settings and every row here")
     parser.add_argument("--keep-reports", type=Path, help="copy guidellm's own JSON reports into this folder")
     return parser
@@ -147,13 +160,38 @@ def parse_servers(text: str) -> tuple[str, ...]:
     return names
 
 
+def request_pages(load: Load) -> int:
+    """KV pages of PAGE_SIZE tokens the longest request needs."""
+    return math.ceil((load.prompt_tokens_max + load.output_tokens) / PAGE_SIZE)
+
+
 def transformers_blocks(slots: int, load: Load) -> int:
     """KV blocks for `transformers serve`: room for `slots` requests of the longest length, so no more run at once."""
-    return slots * math.ceil((load.prompt_tokens_max + load.output_tokens) / PAGE_SIZE)
+    return slots * request_pages(load)
 
 
-def server_specs(model: str, slots: int, max_batched_tokens: int, load: Load, hf_cache: Path) -> dict[str, ServerSpec]:
-    """Both servers on the same model folder, slots and token budget, CPU, one torch thread, nothing from a hub."""
+def available_servers(names: Sequence[str], vllm_python: str | None) -> tuple[tuple[str, ...], Path | None]:
+    """The servers asked for that are installed, and vLLM's Python; says "not installed" for vLLM when it is not."""
+    if "vllm" not in names:
+        return tuple(names), None
+    try:
+        python = find_python(vllm_python or load_settings().peers.vllm_python)
+    except (VllmNotFoundError, SettingsError) as exc:
+        raise ServePeerError(str(exc)) from None
+    if python is not None:
+        return tuple(names), python
+    print(NOT_INSTALLED, file=sys.stderr)
+    left = tuple(name for name in names if name != "vllm")
+    if not left:
+        raise ServePeerError("--servers has no server left to run without vLLM")
+    return left, None
+
+
+def server_specs(
+    model: str, slots: int, max_batched_tokens: int, load: Load, hf_cache: Path, vllm_python: Path | None = None
+) -> dict[str, ServerSpec]:
+    """Every server on the same model folder, slots and token budget, CPU, one torch thread, nothing from a hub
+    (vLLM only when its Python is given)."""
     common = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hf_cache)}
     ours = ServerSpec(
         name="batchscope",
@@ -201,7 +239,23 @@ def server_specs(model: str, slots: int, max_batched_tokens: int, load: Load, hf
         # generation config, whose eos_token_id it passes to each request
         ignore_eos_body={"generation_config": json.dumps({"eos_token_id": -1, "do_sample": False})},
     )
-    return {"batchscope": ours, "transformers": theirs}
+    specs = {"batchscope": ours, "transformers": theirs}
+    if vllm_python is not None:
+        vllm = VllmSettings(
+            model=model,
+            slots=slots,
+            batch_tokens=max_batched_tokens,
+            max_model_len=request_pages(load) * PAGE_SIZE,  # the room transformers serve gets per request
+            threads=1,
+        )
+        specs["vllm"] = ServerSpec(
+            name="vllm",
+            command=tuple(server_command(vllm_python, vllm)),
+            env={**common, **vllm.env()},
+            ignore_eos_body={"ignore_eos": True},
+            startup_timeout_s=vllm_server.STARTUP_TIMEOUT_S,
+        )
+    return specs
 
 
 def scenario(target: str, model: str, tokenizer: Path, spec: ServerSpec, load: Load, profile: dict[str, Any]) -> dict:
@@ -357,12 +411,6 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
@@ -371,53 +419,25 @@ def _post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]
         return dict(json.load(response))
 
 
-def _log_tail(log: Path) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "(empty log)"
-
-
 @contextlib.contextmanager
 def running_server(spec: ServerSpec, model: str, workdir: Path) -> Iterator[str]:
     """Start the server on a free port, wait for /health and one warm-up completion, yield its URL, stop it."""
-    port = free_port()
-    log = workdir / f"{spec.name}-{port}.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [*spec.command, "--port", str(port)],
-            cwd=ROOT,
-            env={**os.environ, **spec.env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    log = workdir / f"{spec.name}-{len(list(workdir.glob(spec.name + '-*.log')))}.log"
+    server = LocalServer(spec.name, spec.command, spec.env, log, spec.startup_timeout_s, cwd=ROOT)
     try:
-        _wait_healthy(url, process, log)
+        server.start()
+    except ServerStartError as exc:
+        raise ServePeerError(str(exc)) from None
+    try:
         # the first request also starts transformers' batching thread: keep that out of the measurement
         _post_json(
-            f"{url}/v1/completions",
+            f"{server.url}/v1/completions",
             {"model": model, "prompt": "Q: hello\nA:", "max_tokens": 4, "temperature": 0, **spec.ignore_eos_body},
-            timeout=STARTUP_TIMEOUT_S,
+            timeout=spec.startup_timeout_s,
         )
-        yield url
+        yield server.url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_healthy(url: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServePeerError(f"server exited with code {process.returncode} before /health: {_log_tail(log)}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-            if response.status == 200:
-                return
-        time.sleep(0.5)
-    raise ServePeerError(f"server at {url} did not answer /health within {STARTUP_TIMEOUT_S:.0f} s: {_log_tail(log)}")
+        server.stop()
 
 
 def guidellm_binary(given: str | None) -> tuple[str, str]:
@@ -427,6 +447,7 @@ def guidellm_binary(given: str | None) -> tuple[str, str]:
         raise ServePeerError(
             f"guidellm not found ({given or 'not on PATH'}): pip install -r requirements-bench.txt, or --guidellm PATH"
         )
+    path = str(Path(path).resolve())  # guidellm runs in a folder of its own: `PATH=.venv/bin:$PATH` is relative
     result = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
         raise ServePeerError(f"{path} --version failed with code {result.returncode}: {result.stderr.strip()[:200]}")
@@ -459,15 +480,16 @@ def run_guidellm(binary: str, scenario_body: dict[str, Any], workdir: Path, name
             check=False,
         )
     if result.returncode != 0 or not report_path.exists():
-        raise ServePeerError(f"guidellm exited with code {result.returncode} (log {log}): {_log_tail(log)}")
+        raise ServePeerError(f"guidellm exited with code {result.returncode} (log {log}): {log_tail(log)}")
     return dict(json.loads(report_path.read_text()))
 
 
-def machine_line() -> str:
+def machine_line(vllm_python: Path | None = None) -> str:
     versions = {name: metadata.version(name) for name in ("torch", "transformers")}
+    vllm = f", vLLM {vllm_version(vllm_python)} in its own environment" if vllm_python is not None else ""
     return (
         f"machine: {os.cpu_count()} CPUs, torch {versions['torch']} (1 thread per server), "
-        f"transformers {versions['transformers']}, device cpu, float32"
+        f"transformers {versions['transformers']}{vllm}, device cpu, float32"
     )
 
 
@@ -486,7 +508,7 @@ def settings_lines(load: Load, slots: int, max_batched_tokens: int, version: str
 
 def run(args: argparse.Namespace) -> int:
     load = build_load(args)
-    servers = parse_servers(args.servers)
+    servers, vllm_python = available_servers(parse_servers(args.servers), args.vllm_python)
     model_dir = (ROOT / args.model).resolve()
     if not (model_dir / "config.json").is_file():
         raise ServePeerError(f"--model {args.model!r} is not a model folder: no config.json in {model_dir}")
@@ -494,7 +516,7 @@ def run(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="serve-peer-") as tmp:
         workdir = Path(tmp)
-        specs = server_specs(args.model, args.slots, args.max_batched_tokens, load, workdir / "hf-cache")
+        specs = server_specs(args.model, args.slots, args.max_batched_tokens, load, workdir / "hf-cache", vllm_python)
         (workdir / "hf-cache").mkdir()
         for round_index in range(args.repeat):
             for name in servers:
@@ -510,7 +532,7 @@ def run(args: argparse.Namespace) -> int:
                         if args.keep_reports:
                             args.keep_reports.mkdir(parents=True, exist_ok=True)
                             shutil.copy(workdir / f"{run_name}.report.json", args.keep_reports)
-    header = [*settings_lines(load, args.slots, args.max_batched_tokens, version), machine_line()]
+    header = [*settings_lines(load, args.slots, args.max_batched_tokens, version), machine_line(vllm_python)]
     print("\n".join(header) + "\n\n" + format_table(rows))
     if args.repeat > 1:
         print(f"\nmedian of {args.repeat} rounds (requests and errors summed):\n\n" + format_table(median_rows(rows)))
