@@ -26,6 +26,11 @@ from tests.vllm_helpers import RunningVllm, serving_benchmark_vllm
 # decode steps in the background would take both of this machine's cores for half a minute per engine. The
 # compiled path and the default's flow (eager at first, compiled when ready) have tests of their own that turn it on.
 os.environ.setdefault(KEEP_EAGER, "false")
+# One torch thread in the test process too, as the engine process runs a small model: on two cores shared with an
+# engine process, a browser and a server, two threads per process mostly wait on each other (the eager families
+# matrix took 491 s on two threads and 33 s on one, with other work on the machine). Tests of thread counts set
+# their own.
+torch.set_num_threads(1)
 
 TINY_VOCAB = 384
 TOKENIZER_TEXT = [
