@@ -50,12 +50,16 @@ Emit = Callable[[object], None]
 
 @dataclass
 class SharedBatcher:
+    """A shared batcher as the engine holds it: closed once idle for long enough, or for a new one at the limit."""
+
     batcher: Batcher
     last_used: float = field(default_factory=time.monotonic)
 
 
 @dataclass
-class PrivateBatcher:
+class PrivateBatcherState:
+    """A client's private batcher as the engine holds it (the client's handle is `handles.PrivateBatcher`)."""
+
     batcher: Batcher
     clock: StepClock
     run: ScheduledRun | None = None
@@ -78,7 +82,7 @@ class EngineCore:
         self.settings = settings
         self.emit = emit
         self.shared: dict[BatcherOptions, SharedBatcher] = {}
-        self.private: dict[str, PrivateBatcher] = {}
+        self.private: dict[str, PrivateBatcherState] = {}
         self.races: dict[str, Race] = {}
         self.owner: dict[str, BatcherOptions] = {}  # in-flight shared request -> its batcher
         self._compile_sent: CompileState | None = None
@@ -115,7 +119,7 @@ class EngineCore:
         elif isinstance(command, OpenPrivate):
             clock = StepClock()
             batcher = Batcher(self.model, self.tokenizer, command.options, mode=command.mode, clock=clock)
-            self.private[command.batcher_id] = PrivateBatcher(batcher, clock)
+            self.private[command.batcher_id] = PrivateBatcherState(batcher, clock)
             self.emit(self.stats())
         elif isinstance(command, RunPrivate):
             self._start_private_run(command)
@@ -255,7 +259,7 @@ class EngineCore:
             if isinstance(event, FinishedEvent):
                 self.owner.pop(event.request_id, None)
 
-    def _step_private(self, batcher_id: str, private: PrivateBatcher) -> None:
+    def _step_private(self, batcher_id: str, private: PrivateBatcherState) -> None:
         run = private.run
         assert run is not None
         private.clock.resume()
