@@ -81,9 +81,9 @@ class Admission:
                 f"have (max_queue_per_session={session.max_queue}): wait for some to finish"
             )
         busy = {owner.pending[rid] for rid, owner in in_flight.items()}  # shared batchers with requests in flight
-        most = self.lifecycle.config.engine.max_engines
+        most = self.lifecycle.config.engine.max_shared_batchers
         if session.options not in busy and len(busy) >= most:
             raise QueueFullError(
-                f"all {most} engines (max_engines={most}) are busy with other batch sizes or policies: "
+                f"all {most} shared batchers (max_shared_batchers={most}) are busy with other batch sizes or policies: "
                 "pick one in use, or try again when one is free"
             )

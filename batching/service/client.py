@@ -114,8 +114,8 @@ class EngineClient:
         return self.lifecycle.stats
 
     @property
-    def live_engines(self) -> int:
-        return self.stats.live_engines
+    def live_batchers(self) -> int:
+        return self.stats.live_batchers
 
     @property
     def compile_state(self) -> CompileState:
