@@ -28,7 +28,6 @@ from batching.engine.compiled import CompileState
 from batching.engine.params import RequestParams
 from batching.service.admission import Admission
 from batching.service.handles import BatcherLoad, Item, PrivateBatcher, RaceHandle, Session, Submitted
-from batching.service.launch import EngineProcess
 from batching.service.lifecycle import EngineLifecycle
 from batching.service.messages import Cancel, EngineConfig, EngineInfo, EngineStats
 from batching.service.private import PrivateRuns
@@ -88,10 +87,6 @@ class EngineClient:
     @property
     def info(self) -> EngineInfo:
         return self.lifecycle.info
-
-    @property
-    def process(self) -> EngineProcess | None:
-        return self.lifecycle.process
 
     @property
     def pid(self) -> int | None:
