@@ -316,7 +316,7 @@ def shared_engine(service: EngineClient, settings: Settings) -> None:
         st.warning(
             f"The shared engine had stopped ({service.last_error}); it was restarted (restart {service.restarts})."
         )
-    st.sidebar.caption(f"Engines live on this server: {service.live_engines} (at most {settings.engine.max_engines})")
+    st.sidebar.caption(f"Batchers live: {service.live_batchers} (at most {settings.engine.max_shared_batchers} shared)")
     st.sidebar.caption(compile_caption(service.compile_state))
     port = settings.server.port
     if port is not None:

@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from batching.engine.batcher import Clock
+
 AT_ONCE = "at-once"
 PER_STEP = "per-step"
 TIMED = "timed"
 KINDS = (AT_ONCE, PER_STEP, TIMED)
-
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dotenv import dotenv_values
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "BATCHSCOPE_"
@@ -23,6 +23,12 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly customer-support assistant for an online shop. Answer the customer's question."
 )
 DEFAULT_TEMPLATE = "{system_prompt}\n\nQ: {prompt}\nA:"
+# Settings renamed since they were first published, (group, old field) -> new field: the old name still sets the
+# value, so a deployment's environment keeps working, and `setting_warnings` names the new one.
+RENAMED = {
+    ("engine", "max_engines"): "max_shared_batchers",
+    ("engine", "idle_engine_timeout_s"): "idle_shared_batcher_timeout_s",
+}
 
 
 class ModelSettings(BaseModel):
@@ -87,10 +93,15 @@ class LimitSettings(BaseModel):
 
 
 class EngineSettings(BaseModel):
-    """The engine process: how many shared engines may live at once, and when idle engines and gone tabs are dropped."""
+    """The engine process: how many shared batchers may live in it at once, and when idle ones and gone tabs are
+    dropped."""
 
-    max_engines: int = Field(4, ge=1, le=64, description="shared engines (one per batch size and policy) at once")
-    idle_engine_timeout_s: float = Field(60.0, gt=0, le=86400, description="an engine no one used this long is closed")
+    max_shared_batchers: int = Field(
+        4, ge=1, le=64, description="shared batchers (one per batch size and policy) alive at once"
+    )
+    idle_shared_batcher_timeout_s: float = Field(
+        60.0, gt=0, le=86400, description="a shared batcher no one used this long is closed"
+    )
     session_timeout_s: float = Field(5.0, gt=0, le=3600, description="a silent tab's requests are cancelled")
     compile_steps: bool = Field(
         True, description="compile decode steps (torch.compile) in the background; steps run eager until ready"
@@ -103,6 +114,17 @@ class EngineSettings(BaseModel):
     compile_cache_dir: Path | None = Field(
         None, description="compiled graphs kept on disk; default: <user cache>/batchscope/torch-compile"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """A value given under a field's old name sets the field, unless the new name is given too."""
+        if not isinstance(data, dict):
+            return data
+        for (group, old), new in RENAMED.items():
+            if group == "engine" and old in data:
+                data = {new: data[old], **{key: value for key, value in data.items() if key != old}}
+        return data
 
 
 class PromptSettings(BaseModel):
@@ -235,9 +257,15 @@ def setting_warnings(environ: Mapping[str, str] | None = None, env_file: Path | 
         except UnicodeDecodeError:  # load_settings says so, in one line
             keys = {}
         unknown += [(key, f"key in {path.resolve()}") for key in keys]
+    renamed = {_env_name((group, old)): _env_name((group, new)) for (group, old), new in RENAMED.items()}
     warnings = []
     for name, where in unknown:
         if name.upper() in known:
+            continue
+        if name.upper() in renamed:
+            warnings.append(
+                f"{name} ({where}) was renamed {renamed[name.upper()]}: it still works, but use the new name"
+            )
             continue
         # Compared without the prefix, which every name shares and which would make any name look close.
         query = name.upper().removeprefix(ENV_PREFIX)

@@ -254,15 +254,7 @@ def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | 
     tokenizer_settings = tokenizer_settings or TokenizerSettings()
     source = resolve_source(settings.name_or_path)
     local = Path(source).is_dir()
-    offline_reason = None
-    if local:
-        check_local_folder(Path(source), settings.name_or_path)
-    else:
-        key = _failure_key(settings)
-        offline, endpoint = key[1], key[2]
-        if key in _hub_failures:
-            raise _hub_failures[key]
-        offline_reason = "HF_HUB_OFFLINE is set" if offline else hub_unreachable(endpoint)
+    offline_reason = _check_source(settings, source, local)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     if settings.use_gptq:
@@ -283,15 +275,10 @@ def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | 
     except ModelLoadError:
         raise
     except Exception as exc:
-        if local:  # a broken folder fails in many ways; each is about the folder
-            raise _folder_error(settings, source, exc) from exc
-        if offline_reason is not None:
-            error = _offline_error(settings, offline_reason)
-            _hub_failures[key] = error
-            raise error from exc
-        if isinstance(exc, (OSError, ValueError)):
-            raise _hub_error(settings, exc) from exc
-        raise
+        error = _load_error(settings, source, local, offline_reason, exc)
+        if error is None:
+            raise
+        raise error from exc
     model.eval()
     model.requires_grad_(False)
     if model.generation_config.pad_token_id is None:
@@ -307,3 +294,34 @@ def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | 
         num_parameters=model.num_parameters(),
         load_seconds=seconds,
     )
+
+
+def _check_source(settings: ModelSettings, source: str, local: bool) -> str | None:
+    """Check a local folder; for a hub id, why it must come from the local cache alone (None: it need not).
+
+    Raises the failure this hub id already had with these settings, without trying again.
+    """
+    if local:
+        check_local_folder(Path(source), settings.name_or_path)
+        return None
+    key = _failure_key(settings)
+    offline, endpoint = key[1], key[2]
+    if key in _hub_failures:
+        raise _hub_failures[key]
+    return "HF_HUB_OFFLINE is set" if offline else hub_unreachable(endpoint)
+
+
+def _load_error(
+    settings: ModelSettings, source: str, local: bool, offline_reason: str | None, exc: Exception
+) -> ModelLoadError | None:
+    """The one-line error a failed load becomes (None: let `exc` through as it is); an offline failure is
+    remembered."""
+    if local:  # a broken folder fails in many ways; each is about the folder
+        return _folder_error(settings, source, exc)
+    if offline_reason is not None:
+        error = _offline_error(settings, offline_reason)
+        _hub_failures[_failure_key(settings)] = error
+        return error
+    if isinstance(exc, (OSError, ValueError)):
+        return _hub_error(settings, exc)
+    return None

@@ -1,7 +1,8 @@
 """Rebuild the embedded model from scratch: corpus, byte-level BPE tokenizer and a small Llama, trained on CPU.
 
 Run `python -m model.train_builtin [--out model/builtin] [--steps N]`. Everything is seeded, so the same
-arguments on the same machine give the same model. The loss counts only answer tokens and the EOS.
+arguments on the same machine give the same model. The loss counts only answer tokens and the EOS. The corpus is
+drawn (`model.corpus`) from the intents in `model/intents.json`: edit the data there, the drawing in corpus.py.
 """
 
 from __future__ import annotations

@@ -124,20 +124,20 @@ def test_page_shows_the_model_and_an_empty_queue(tiny_env: Path) -> None:
     assert not at.error
 
 
-def test_the_sidebar_counts_live_engines_and_new_batch_sizes_replace_idle_ones(
+def test_the_sidebar_counts_live_batchers_and_new_batch_sizes_replace_idle_ones(
     tiny_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("BATCHSCOPE_ENGINE__MAX_ENGINES", "2")
+    monkeypatch.setenv("BATCHSCOPE_ENGINE__MAX_SHARED_BATCHERS", "2")
     at = open_app()
     add(at, "Hi", 2)
     no_comparison(at)
-    for slots in (1, 2, 3):  # each batch size is an engine of its own
+    for slots in (1, 2, 3):  # each batch size is a shared batcher of its own
         at.slider(key="batch_size").set_value(slots).run()
         run = generate(at)
         assert run.completed and run.slots == slots
     at.run()
-    line = next(c.value for c in at.sidebar.caption if "Engines live" in c.value)
-    assert line == "Engines live on this server: 2 (at most 2)"
+    line = next(c.value for c in at.sidebar.caption if "Batchers live" in c.value)
+    assert line == "Batchers live: 2 (at most 2 shared)"
     # The test session turns compiling off (tests/conftest.py), and the sidebar says so with the setting's name.
     captions = [c.value for c in at.sidebar.caption]
     assert any(line.startswith("Decode steps: eager (compiling is off") for line in captions), captions

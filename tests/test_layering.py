@@ -125,3 +125,25 @@ def test_there_are_no_import_cycles_between_modules() -> None:
 
     for module in sorted(GRAPH):
         visit(module, [])
+
+
+# The engine client is made of one part per job; each part imports only the parts before it, the client all of them.
+CLIENT_PARTS = [
+    "batching.service.handles",
+    "batching.service.lifecycle",
+    "batching.service.routing",
+    "batching.service.admission",
+    "batching.service.private",
+    "batching.service.client",
+]
+
+
+@pytest.mark.parametrize("index", range(len(CLIENT_PARTS)), ids=CLIENT_PARTS)
+def test_each_part_of_the_engine_client_imports_only_the_parts_before_it(index: int) -> None:
+    module = CLIENT_PARTS[index]
+    later = GRAPH[module] & set(CLIENT_PARTS[index + 1 :])
+    assert not later, f"{module} imports {sorted(later)}, which come after it"
+
+
+def test_the_engine_client_is_composed_of_every_part() -> None:
+    assert set(CLIENT_PARTS[:-1]) <= GRAPH["batching.service.client"]

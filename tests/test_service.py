@@ -1,4 +1,4 @@
-"""The engine process and its client: many sessions at once, limits, engines per batch size, dead sessions, a
+"""The engine process and its client: many sessions at once, limits, shared batchers per batch size, dead sessions, a
 failing request, a private replay timed on its own clock, step times under load, and kill -9 of the process."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from config.settings import EngineSettings, LimitSettings, ModelSettings, Tokeni
 from tests.engine_helpers import FAILING_SEED, fail_sampling_with_seed_666, loaded, random_prompts, reference
 
 OPTIONS = BatcherOptions(max_batch_size=8, max_batched_tokens=64)
-MAX_ENGINES = 3
+MAX_SHARED_BATCHERS = 3
 SESSION_TIMEOUT_S = 3.0
-IDLE_ENGINE_S = 1.0
+IDLE_BATCHER_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,8 @@ def client(tiny_model_dirs):
         ModelSettings(name_or_path=str(tiny_model_dirs["qwen2"]), device="cpu", dtype="float32"),
         TokenizerSettings(),
         EngineSettings(
-            max_engines=MAX_ENGINES,
-            idle_engine_timeout_s=IDLE_ENGINE_S,
+            max_shared_batchers=MAX_SHARED_BATCHERS,
+            idle_shared_batcher_timeout_s=IDLE_BATCHER_S,
             session_timeout_s=SESSION_TIMEOUT_S,
             compile_steps=False,
         ),
@@ -77,7 +77,7 @@ def assert_engine_empty(client: EngineClient) -> None:
     """Nothing in flight, and every shared batcher closed for idleness (the engine closes only batchers without
     work: nothing waiting, running or held)."""
     assert wait_for(lambda: client.in_flight() == 0)
-    assert wait_for(lambda: client.stats.shared == (), IDLE_ENGINE_S + 5), client.stats
+    assert wait_for(lambda: client.stats.shared == (), IDLE_BATCHER_S + 5), client.stats
 
 
 def test_eight_clients_sixteen_requests_each_with_random_cancellations(client, qwen) -> None:
@@ -197,24 +197,24 @@ def test_an_exception_inside_one_request_fails_it_and_the_others_go_on(client, q
     assert client.alive
 
 
-def test_sliding_the_batch_size_through_every_value_keeps_at_most_max_engines_alive(client) -> None:
+def test_sliding_the_batch_size_through_every_value_keeps_at_most_max_shared_batchers_alive(client) -> None:
     seen = []
     for slots in range(1, 17):
         session = client.open_session(BatcherOptions(max_batch_size=slots, max_batched_tokens=64))
         session.submit([5, 6, 7], RequestParams(2))
         drain(session)
-        seen.append(client.live_engines)
-        assert 1 <= client.live_engines <= MAX_ENGINES, client.stats
-    assert max(seen) == MAX_ENGINES
-    assert_engine_empty(client)  # and idle ones are closed after idle_engine_timeout_s
+        seen.append(client.live_batchers)
+        assert 1 <= client.live_batchers <= MAX_SHARED_BATCHERS, client.stats
+    assert max(seen) == MAX_SHARED_BATCHERS
+    assert_engine_empty(client)  # and idle ones are closed after idle_shared_batcher_timeout_s
 
 
-def test_a_new_batch_size_is_refused_while_every_engine_is_busy(client) -> None:
+def test_a_new_batch_size_is_refused_while_every_shared_batcher_is_busy(client) -> None:
     sessions = [client.open_session(BatcherOptions(max_batch_size=s, max_batched_tokens=64)) for s in (1, 2, 3)]
     for session in sessions:
         session.submit([5, 6, 7], RequestParams(400, ignore_eos=True))
     late = client.open_session(BatcherOptions(max_batch_size=4, max_batched_tokens=64))
-    with pytest.raises(QueueFullError, match=f"max_engines={MAX_ENGINES}"):
+    with pytest.raises(QueueFullError, match=f"max_shared_batchers={MAX_SHARED_BATCHERS}"):
         late.submit([5, 6, 7], RequestParams(2))
     sessions[0].submit([5, 6], RequestParams(2))  # a batch size in use is still fine
     for session in sessions:
@@ -243,7 +243,7 @@ def best_replay(client: EngineClient, tries: int = 2) -> float:
 
 
 class KeepBusy:
-    """Another client keeping the shared engine full of long requests while the test measures something else."""
+    """Another client keeping a shared batcher full of long requests while the test measures something else."""
 
     def __init__(self, client: EngineClient) -> None:
         self.session = client.open_session(OPTIONS)
@@ -278,10 +278,10 @@ def test_a_private_replay_counts_only_its_own_steps_while_the_shared_engine_is_b
         shared_steps = len(busy.steps)
     ratio = loaded_wall / alone
     print(
-        f"\nprivate replay: {alone:.3f} s alone, {loaded_wall:.3f} s with the shared engine busy ({ratio:.2f}x); "
+        f"\nprivate replay: {alone:.3f} s alone, {loaded_wall:.3f} s with a shared batcher busy ({ratio:.2f}x); "
         f"{real:.3f} s of real time each, {shared_steps} shared steps meanwhile"
     )
-    assert shared_steps > 40, "the shared engine was not busy during the replay"
+    assert shared_steps > 40, "the shared batcher was not busy during the replay"
     assert ratio < 1.5, f"the private clock counted other batchers' steps: {ratio:.2f}x"
 
 
@@ -358,7 +358,7 @@ def test_kill_9_of_the_engine_process_ends_waiting_requests_and_the_next_call_re
     assert "killed by signal 9" in finished[0].error and "reload the page" in finished[0].error
     with pytest.raises(EngineDeadError, match="killed by signal 9"):
         run.complete()
-    assert not client.alive and client.live_engines == 0
+    assert not client.alive and client.live_batchers == 0
 
     again = session.submit([8, 9], RequestParams(6, ignore_eos=True))  # the next call starts a new engine
     assert client.alive and client.restarts == 1 and client.pid != old_pid

@@ -132,9 +132,9 @@ def test_a_race_nobody_polls_is_closed_and_adding_to_an_ended_race_fails_that_pr
     queue = items(2)
     race = client.start_race(OPTIONS, queue, Schedule.timed([0.0, 300.0]))
     deadline = time.monotonic() + SESSION_TIMEOUT_S + 5
-    while race.race_id in client._races and time.monotonic() < deadline:
+    while race.race_id in client.router.races and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert race.race_id not in client._races
+    assert race.race_id not in client.router.races
     deadline = time.monotonic() + 5
     while client.stats.private and time.monotonic() < deadline:  # the engine dropped its lanes too
         time.sleep(0.05)

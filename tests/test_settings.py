@@ -69,6 +69,8 @@ def test_environment_wins_over_dotenv(monkeypatch: pytest.MonkeyPatch, tmp_path)
         ("BATCHSCOPE_GENERATION__SEED", "-3", "greater than or equal to 0"),
         ("BATCHSCOPE_LIMITS__MAX_QUEUE_PER_SESSION", "0", "greater than or equal to 1"),
         ("BATCHSCOPE_LIMITS__MAX_QUEUE_TOTAL", "0", "greater than or equal to 1"),
+        ("BATCHSCOPE_ENGINE__MAX_SHARED_BATCHERS", "0", "greater than or equal to 1"),
+        ("BATCHSCOPE_ENGINE__IDLE_SHARED_BATCHER_TIMEOUT_S", "0", "greater than 0"),
         ("BATCHSCOPE_PROMPT__TEMPLATE", "Q: {question}", "must contain {prompt}"),
         ("BATCHSCOPE_PROMPT__TEMPLATE", "{prompt} {other}", "may only use the fields"),
     ],
@@ -141,6 +143,29 @@ def test_a_misspelt_variable_really_is_ignored(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCH_SIZ", "3")
     assert load_settings().batching.max_batch_size == 8
     assert any("did you mean BATCHSCOPE_BATCHING__MAX_BATCH_SIZE" in line for line in setting_warnings())
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ("BATCHSCOPE_ENGINE__MAX_ENGINES", "BATCHSCOPE_ENGINE__MAX_SHARED_BATCHERS", "max_shared_batchers"),
+        (
+            "BATCHSCOPE_ENGINE__IDLE_ENGINE_TIMEOUT_S",
+            "BATCHSCOPE_ENGINE__IDLE_SHARED_BATCHER_TIMEOUT_S",
+            "idle_shared_batcher_timeout_s",
+        ),
+    ],
+)
+def test_a_renamed_setting_still_works_under_its_old_name_and_the_warning_names_the_new_one(
+    monkeypatch: pytest.MonkeyPatch, old: str, new: str, field: str
+) -> None:
+    monkeypatch.setenv(old, "7")
+    assert getattr(load_settings().engine, field) == 7
+    assert setting_warnings() == [
+        f"{old} (environment variable) was renamed {new}: it still works, but use the new name"
+    ]
+    monkeypatch.setenv(new, "9")  # both given: the new name wins
+    assert getattr(load_settings().engine, field) == 9
 
 
 def test_dotenv_keys_that_are_not_settings_are_warned_about(tmp_path) -> None:

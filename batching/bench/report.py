@@ -190,20 +190,36 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def format_report(result: dict) -> str:
     """The summary table, one row per mode, then decode-step time against sequence length."""
+    return "\n".join(
+        [
+            *_setup_lines(result),
+            "",
+            _summary_table(result["modes"]),
+            "",
+            "step time: steps with prompt tokens, and decode-only steps against history",
+            _step_time_table(result["modes"]),
+        ]
+    )
+
+
+def _setup_lines(result: dict) -> list[str]:
+    """What was run, and on what."""
     machine = result["machine"]
-    lines = [
+    return [
         f"workload {result['workload']} ({result['requests']} requests, {result['arrivals']}), "
         f"model {result['model']}, batch size {result['batch_size']}, policy {result['policy']}, max batched tokens "
         f"{result['max_batched_tokens']}, ignore EOS {result['ignore_eos']}, median of {result['repeat']}",
         f"machine: {machine['cpu_count']} x {machine['cpu_model']}, torch {machine['torch']} "
         f"({machine['torch_threads']} threads), transformers {machine['transformers']}, device {machine['device']}, "
         f"dtype {machine['dtype']}",
-        "",
     ]
+
+
+def _summary_table(modes: dict) -> str:
     header = ["mode", "wall s", "cpu s", "out tok", "tok/s", "steps", "occup", "TTFT p50/p99 ms", "TPOT p50/p99 ms"]
     header += ["e2e p50/p99 s", "speed-up", "ideal", "effic", "cpu speed-up", "= static"]
     rows = []
-    for mode, figures in result["modes"].items():
+    for mode, figures in modes.items():
         ttft, tpot, e2e = figures["ttft_s"], figures["tpot_s"], figures["e2e_s"]
         match = figures.get("outputs_match_static")
         rows.append(
@@ -225,11 +241,14 @@ def format_report(result: dict) -> str:
                 "-" if match is None else ("yes" if match else f"no ({figures['requests_differing_from_static']})"),
             ]
         )
-    lines += [_table(header, rows), "", "step time: steps with prompt tokens, and decode-only steps against history"]
+    return _table(header, rows)
+
+
+def _step_time_table(modes: dict) -> str:
     header = ["mode", "outside steps s", "prompt steps", "ms", "share", "decode steps", "mean ms", "1st quarter"]
     header += ["last quarter", "last/1st", "full batch last/1st", "by longest sequence (tokens: ms @ rows)"]
     rows = []
-    for mode, figures in result["modes"].items():
+    for mode, figures in modes.items():
         stats = figures["step_time"]
         prompt = [
             _fmt(stats["outside_steps_s"]),
@@ -255,5 +274,4 @@ def format_report(result: dict) -> str:
                 buckets,
             ]
         )
-    lines.append(_table(header, rows))
-    return "\n".join(lines)
+    return _table(header, rows)

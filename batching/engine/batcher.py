@@ -1,8 +1,8 @@
 """The batcher: submission and cancellation, and the step loop that runs what its scheduler decides.
 
-`step()` is schedule -> run -> sample -> postprocess -> event. Everything but the scheduler (the model runner,
-sampling, finishing, events) is the same for continuous and static batching, so a comparison measures scheduling
-alone.
+`step()` is schedule -> run -> postprocess (sample, finish) -> collect (free the slots the scheduler lets go, the
+step's event). Everything but the scheduler (the model runner, sampling, finishing, events) is the same for continuous
+and static batching, so a comparison measures scheduling alone.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from batching.engine.builder import RequestBuilder
 from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
-from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
+from batching.engine.events import Event, FinishedEvent, StepEvent, StepRow, TokenEvent
 from batching.engine.model_support import context_reason, model_context_length
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request, RequestState
@@ -29,7 +29,7 @@ from batching.engine.scheduler import ContinuousScheduler, ScheduledBatch, Sched
 
 logger = logging.getLogger(__name__)
 
-Clock = Callable[[], float]
+Clock = Callable[[], float]  # seconds; a batcher, a run and its arrivals read the same one
 MODES = ("continuous", "static")
 
 
@@ -58,6 +58,17 @@ class BatcherOptions:
                 f"{self.max_batch_size}, so prompts still get prefilled while every slot decodes"
             )
         check_policy(self.policy)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What a step's event says about the batch as scheduled, read before the step moves its requests on."""
+
+    slots: tuple[str | None, ...]  # the request in each slot
+    held: tuple[str, ...]  # finished, still holding their slot (a static wave)
+    prefill: int
+    decode: int
+    rows: tuple[StepRow, ...]
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -169,44 +180,50 @@ class Batcher:
             yield from self.step()
 
     def step(self) -> list[Event]:
-        """One forward pass over the rows the scheduler picks; returns what happened."""
+        """One forward pass over the rows the scheduler picks: schedule, run, postprocess, collect."""
         events = self._take_inbox()
         self._admit()
         if not self.running:
             return events
         batch = self.scheduler.schedule([self.running[rid] for rid in self.runner.row_owners()])
-        occupants = tuple(request.request_id if request else None for request in self.slots)
-        held = tuple(rid for rid in occupants if rid is not None and self.running[rid].is_finished)
-        prefill, decode = batch.work()
-        rows = batch.rows() if self.options.step_detail else ()
+        layout = self._layout(batch)  # read now: the step moves its requests on
         start = self.clock()
         logits = self._forward(batch, events)
         if logits is not None:
             self._postprocess(batch, logits, events)
-        if self.scheduler.wave_over(list(self.running.values())):
-            for request in list(self.running.values()):
-                self._release(request)
-        if logits is None:
-            return events
-        events.append(
-            StepEvent(
-                index=self.step_index,
-                start=start,
-                end=self.clock(),
-                slots=occupants,
-                prefill_tokens=prefill,
-                decode_tokens=decode,
-                idle_held=held,
-                rows=rows,
-                token_budget=self.options.max_batched_tokens,
-                mask=self.runner.last_mask,  # None without step detail
-                compiled=self.runner.last_compiled,
-            )
-        )
-        self.step_index += 1
+        self._release(self.scheduler.leaving(list(self.running.values())))
+        if logits is not None:
+            events.append(self._step_event(layout, start=start, end=self.clock()))
+            self.step_index += 1
         return events
 
     # --- the parts of a step ------------------------------------------------------------------------------------
+    def _layout(self, batch: ScheduledBatch) -> _Layout:
+        occupants = tuple(request.request_id if request else None for request in self.slots)
+        prefill, decode = batch.work()
+        return _Layout(
+            slots=occupants,
+            held=tuple(rid for rid in occupants if rid is not None and self.running[rid].is_finished),
+            prefill=prefill,
+            decode=decode,
+            rows=batch.rows() if self.options.step_detail else (),
+        )
+
+    def _step_event(self, layout: _Layout, *, start: float, end: float) -> StepEvent:
+        return StepEvent(
+            index=self.step_index,
+            start=start,
+            end=end,
+            slots=layout.slots,
+            prefill_tokens=layout.prefill,
+            decode_tokens=layout.decode,
+            idle_held=layout.held,
+            rows=layout.rows,
+            token_budget=self.options.max_batched_tokens,
+            mask=self.runner.last_mask,  # None without step detail
+            compiled=self.runner.last_compiled,
+        )
+
     def _take_inbox(self) -> list[Event]:
         """New requests join the waiting queue; cancelled ones finish."""
         events: list[Event] = []
@@ -303,7 +320,7 @@ class Batcher:
         self._detokenizers.pop(request.request_id, None)
         self._samplers.pop(request.request_id, None)
         if request.request_id in self.running and not self.scheduler.holds_finished:
-            self._release(request)
+            self._release([request])
         events.append(
             FinishedEvent(
                 request_id=request.request_id,
@@ -320,12 +337,13 @@ class Batcher:
             )
         )
 
-    def _release(self, request: Request) -> None:
-        """Free a finished request's slot and cache row."""
-        self.runner.release(request.request_id)
-        if request.slot is not None:
-            self.slots[request.slot] = None
-        del self.running[request.request_id]
+    def _release(self, requests: Iterable[Request]) -> None:
+        """Free finished requests' slots and cache rows."""
+        for request in requests:
+            self.runner.release(request.request_id)
+            if request.slot is not None:
+                self.slots[request.slot] = None
+            del self.running[request.request_id]
 
 
 def _hit_stop(request: Request, new_chars: int) -> bool:

@@ -155,8 +155,9 @@ class ContinuousScheduler:
             budget -= chunk
         return ScheduledBatch(tuple(rows), tuple(tokens))
 
-    def wave_over(self, running: Sequence[Request]) -> bool:
-        return False
+    def leaving(self, running: Sequence[Request]) -> list[Request]:
+        """Who gives their slot back after a step: no one, since a finished request left as it finished."""
+        return []
 
 
 class StaticScheduler:
@@ -184,9 +185,10 @@ class StaticScheduler:
             return ScheduledBatch(tuple(rows), tokens, padding)
         return ScheduledBatch(tuple(rows), tuple([pad] if r.is_finished else [r.output_ids[-1]] for r in rows))
 
-    def wave_over(self, running: Sequence[Request]) -> bool:
-        """Every member is done: the whole wave leaves its slots."""
-        return bool(running) and all(request.is_finished for request in running)
+    def leaving(self, running: Sequence[Request]) -> list[Request]:
+        """Who gives their slot back after a step: the whole wave, once every member is done."""
+        wave_over = bool(running) and all(request.is_finished for request in running)
+        return list(running) if wave_over else []
 
 
 Scheduler = ContinuousScheduler | StaticScheduler

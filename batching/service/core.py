@@ -1,8 +1,8 @@
 """The engine loop's state, without any I/O: every batcher of the server, stepped round-robin by one thread.
 
 Shared batchers (one per `BatcherOptions` in use: a tab's batch size and policy pick one) take the requests of
-every client; a batcher nobody used for `idle_engine_timeout_s` is closed, freeing its cache, and at most
-`max_engines` live at once. Private batchers run a client's own queue on a clock of their own (`StepClock`), so
+every client; a batcher nobody used for `idle_shared_batcher_timeout_s` is closed, freeing its cache, and at most
+`max_shared_batchers` live at once. Private batchers run a client's own queue on a clock of their own (`StepClock`), so
 their timings count only their own steps, however busy the shared ones are; a race (`batching.race`) is a pair of
 them stepped in turn, the lane that is behind first, with an optional slow-motion pause between its steps.
 Outputs leave through `emit`.
@@ -50,12 +50,16 @@ Emit = Callable[[object], None]
 
 @dataclass
 class SharedBatcher:
+    """A shared batcher as the engine holds it: closed once idle for long enough, or for a new one at the limit."""
+
     batcher: Batcher
     last_used: float = field(default_factory=time.monotonic)
 
 
 @dataclass
-class PrivateBatcher:
+class PrivateBatcherState:
+    """A client's private batcher as the engine holds it (the client's handle is `handles.PrivateBatcher`)."""
+
     batcher: Batcher
     clock: StepClock
     run: ScheduledRun | None = None
@@ -78,7 +82,7 @@ class EngineCore:
         self.settings = settings
         self.emit = emit
         self.shared: dict[BatcherOptions, SharedBatcher] = {}
-        self.private: dict[str, PrivateBatcher] = {}
+        self.private: dict[str, PrivateBatcherState] = {}
         self.races: dict[str, Race] = {}
         self.owner: dict[str, BatcherOptions] = {}  # in-flight shared request -> its batcher
         self._compile_sent: CompileState | None = None
@@ -115,7 +119,7 @@ class EngineCore:
         elif isinstance(command, OpenPrivate):
             clock = StepClock()
             batcher = Batcher(self.model, self.tokenizer, command.options, mode=command.mode, clock=clock)
-            self.private[command.batcher_id] = PrivateBatcher(batcher, clock)
+            self.private[command.batcher_id] = PrivateBatcherState(batcher, clock)
             self.emit(self.stats())
         elif isinstance(command, RunPrivate):
             self._start_private_run(command)
@@ -132,8 +136,11 @@ class EngineCore:
         if shared is None:
             shared = self._open_shared(options)
             if shared is None:
-                limit = self.settings.max_engines
-                message = f"every one of the max_engines={limit} engines is busy: try a batch size and policy in use"
+                limit = self.settings.max_shared_batchers
+                message = (
+                    f"every one of the max_shared_batchers={limit} shared batchers is busy: try a batch size and "
+                    "policy in use"
+                )
                 self.emit(Outputs(options, (failed(request.request_id, message),)))
                 return
         shared.last_used = time.monotonic()
@@ -141,8 +148,8 @@ class EngineCore:
         shared.batcher.submit(request)
 
     def _open_shared(self, options: BatcherOptions) -> SharedBatcher | None:
-        """A new shared batcher, closing the least recently used idle one if `max_engines` are live."""
-        if len(self.shared) >= self.settings.max_engines:
+        """A new shared batcher, closing the least recently used idle one if `max_shared_batchers` are live."""
+        if len(self.shared) >= self.settings.max_shared_batchers:
             idle = [(s.last_used, key) for key, s in self.shared.items() if not s.batcher.has_work]
             if not idle:
                 return None
@@ -153,7 +160,7 @@ class EngineCore:
 
     def _close_shared(self, options: BatcherOptions) -> None:
         del self.shared[options]
-        logger.info("closed the shared engine %s", options)
+        logger.info("closed the shared batcher %s", options)
 
     def _start_private_run(self, command: RunPrivate) -> None:
         private = self.private.get(command.batcher_id)
@@ -240,8 +247,8 @@ class EngineCore:
         try:
             events = shared.batcher.step()
         except Exception as exc:  # the batcher is broken: its requests end, the other batchers go on
-            logger.exception("shared engine %s failed", options)
-            message = f"the engine failed ({type(exc).__name__}: {exc}); try again"
+            logger.exception("shared batcher %s failed", options)
+            message = f"the shared batcher failed ({type(exc).__name__}: {exc}); try again"
             events = [failed(rid, message) for rid, owner in self.owner.items() if owner == options]
             self._close_shared(options)
             self.emit(self.stats())
@@ -255,7 +262,7 @@ class EngineCore:
             if isinstance(event, FinishedEvent):
                 self.owner.pop(event.request_id, None)
 
-    def _step_private(self, batcher_id: str, private: PrivateBatcher) -> None:
+    def _step_private(self, batcher_id: str, private: PrivateBatcherState) -> None:
         run = private.run
         assert run is not None
         private.clock.resume()
@@ -275,9 +282,9 @@ class EngineCore:
             self.emit(Outputs(batcher_id, tuple(events)))
 
     def close_idle(self, now: float | None = None) -> int:
-        """Close shared batchers no one used for `idle_engine_timeout_s`; returns how many."""
+        """Close shared batchers no one used for `idle_shared_batcher_timeout_s`; returns how many."""
         now = time.monotonic() if now is None else now
-        limit = self.settings.idle_engine_timeout_s
+        limit = self.settings.idle_shared_batcher_timeout_s
         idle = [k for k, s in self.shared.items() if not s.batcher.has_work and now - s.last_used >= limit]
         for options in idle:
             self._close_shared(options)

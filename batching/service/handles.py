@@ -1,7 +1,7 @@
-"""What a client hands out: a `Session` on the shared engine, a `PrivateBatcher` with its `PrivateRun`s, a `Race`.
+"""What a client hands out: a `Session` on a shared batcher, a `PrivateBatcher` with its `PrivateRun`s, a race.
 
-Both are thin: the `EngineClient` does the bookkeeping and the talking to the engine process; these only hold
-an inbox the client's receiver thread fills, and read it.
+All are thin: the client does the bookkeeping and the talking to the engine process; these only hold an inbox the
+client's receiver thread fills, and read it.
 """
 
 from __future__ import annotations
@@ -25,19 +25,19 @@ from batching.service.messages import RaceEnded, RunEnded
 Item = tuple[str | Sequence[int], RequestParams, str]  # (prompt, params, request id)
 
 
-class EngineClient(Protocol):
-    """What the handles ask of the client (`batching.service.client.EngineClient`)."""
+class SessionLink(Protocol):
+    """What a session asks of its client (`batching.service.client.EngineClient`)."""
 
     def submit(self, session: Session, prompt: str | Sequence[int], params: RequestParams) -> Submitted: ...
     def cancel(self, request_ids: Sequence[str]) -> None: ...
     def cancel_all(self, session: Session) -> None: ...
     def close_session(self, session: Session) -> None: ...
-    def run_private(
-        self,
-        private: PrivateBatcher,
-        items: Sequence[tuple[str | Sequence[int], RequestParams, str]],
-        schedule: Schedule,
-    ) -> PrivateRun: ...
+
+
+class PrivateLink(Protocol):
+    """What a private batcher and a race ask of their client (`batching.service.private.PrivateRuns`)."""
+
+    def run_private(self, private: PrivateBatcher, items: Sequence[Item], schedule: Schedule) -> PrivateRun: ...
     def close_private(self, private: PrivateBatcher) -> None: ...
     def race_add(self, race: RaceHandle, item: Item) -> None: ...
     def race_command(self, race: RaceHandle, command: str, pause_s: float = 0.0) -> None: ...
@@ -78,7 +78,7 @@ class Session:
     It sees its own token and finished events, and every step of that batcher (to draw the whole batch).
     """
 
-    def __init__(self, client: EngineClient, session_id: str, options: BatcherOptions, max_queue: int) -> None:
+    def __init__(self, client: SessionLink, session_id: str, options: BatcherOptions, max_queue: int) -> None:
         self.service = client
         self.session_id = session_id
         self.options = options
@@ -156,14 +156,14 @@ class PrivateRun:
 class PrivateBatcher:
     """A batcher of this client's own in the engine process (same loop, its own clock). Close it when done."""
 
-    def __init__(self, client: EngineClient, batcher_id: str, mode: str, options: BatcherOptions) -> None:
+    def __init__(self, client: PrivateLink, batcher_id: str, mode: str, options: BatcherOptions) -> None:
         self.client = client
         self.batcher_id = batcher_id
         self.mode = mode
         self.options = options
         self.current: PrivateRun | None = None
 
-    def run(self, items: Sequence[tuple[str | Sequence[int], RequestParams, str]], schedule: Schedule) -> PrivateRun:
+    def run(self, items: Sequence[Item], schedule: Schedule) -> PrivateRun:
         """Run (prompt, params, request id) items arriving on `schedule`; raises ValueError for bad input."""
         return self.client.run_private(self, items, schedule)
 
@@ -186,7 +186,7 @@ class RaceHandle:
     Polling is how the client knows the tab is still there: a race not polled for `session_timeout_s` is closed.
     """
 
-    def __init__(self, client: EngineClient, race_id: str, options: BatcherOptions) -> None:
+    def __init__(self, client: PrivateLink, race_id: str, options: BatcherOptions) -> None:
         self.client = client
         self.race_id = race_id
         self.options = options

@@ -202,5 +202,6 @@ class EngineStats:
     compile: CompileState = field(default_factory=lambda: CompileState("off"))
 
     @property
-    def live_engines(self) -> int:
+    def live_batchers(self) -> int:
+        """Every batcher in the engine process: shared, private, and race lanes."""
         return len(self.shared) + self.private
