@@ -1,4 +1,4 @@
-"""Print the README's table of model families from the test matrix: `python -m tests.families_table`.
+"""Print docs/models.md's table of model families from the test matrix: `python -m tests.families_table`.
 
 Each family's tiny config is built (random weights), then asked what the engine says of it: the attention
 features it reports, and for a refused family the engine's own one-line reason.

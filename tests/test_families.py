@@ -142,13 +142,13 @@ def test_a_longrope_request_that_would_cross_the_original_context_is_refused(fam
     batcher.add([5] * 10, RequestParams(ORIGINAL_CONTEXT - 10))  # up to the switch is fine
 
 
-def test_the_readme_table_of_families_is_what_the_matrix_prints() -> None:
+def test_the_docs_table_of_families_is_what_the_matrix_prints() -> None:
     from pathlib import Path
 
     from tests.families_table import rows
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    assert "\n".join(rows()) in readme, "README is stale: paste the output of python -m tests.families_table"
+    models = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text(encoding="utf-8")
+    assert "\n".join(rows()) in models, "docs/models.md is stale: paste the output of python -m tests.families_table"
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "mistral"])
