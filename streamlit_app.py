@@ -2,7 +2,7 @@
 
 The page only draws. The engine (`batching/`) runs in a process of its own, shared by every browser tab through
 one client; `utils/` turns its events into the queue view, frames, charts and files, and
-`utils/streaming.py` holds the body of the streaming loop. `main()` reads top to bottom as the page does.
+`app/streaming.py` holds the body of the streaming loop. `main()` reads top to bottom as the page does.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ import pandas as pd
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
+from app.live_run import REPLAY_ORDER, LiveRun, RequestView
+from app.prompt_queue import Check, PromptQueue, QueueError, has_edits
+from app.race_view import LANE_NAMES, RaceRun
+from app.streaming import RaceStream, Stream, join_new_items
 from batching.arrivals import Schedule
 from batching.bench.workloads import builtin_workload_names, load_workload
 from batching.engine.batcher import BatcherOptions
@@ -60,10 +64,7 @@ from utils.inspector_charts import GRID_CAPTION, MASK_CAPTION, mask_chart, packe
 from utils.inspector_mask import mask_frame, padded_rectangle, window_name
 from utils.log_setup import configure_logging
 from utils.metrics import RunRecord, steps_kind, summarize
-from utils.plain_text import card_heading_html
-from utils.queue import REPLAY_ORDER, Check, LiveRun, PromptQueue, QueueError, RequestView, escape_markdown, has_edits
-from utils.race_view import LANE_NAMES, RaceRun
-from utils.streaming import RaceStream, Stream, join_new_items
+from utils.plain_text import card_heading_html, escape_markdown
 from utils.telemetry_charts import CAPTION as TELEMETRY_CAPTION
 from utils.telemetry_charts import reported_line, telemetry_chart, telemetry_frame, telemetry_table
 

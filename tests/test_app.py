@@ -19,6 +19,7 @@ import torch
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
+from app.live_run import CURSOR, LiveRun
 from batching.engine.mask_view import ALLOWED, cell_kinds
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
@@ -28,7 +29,6 @@ from utils import charts, export
 from utils.inspector_mask import padded_rectangle
 from utils.metrics import summarize
 from utils.plain_text import card_heading_html
-from utils.queue import CURSOR, LiveRun
 
 APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
 CAP = 8  # the default cap in these tests: short answers keep runs fast
