@@ -75,7 +75,7 @@ def _streamlit_imports(path: Path) -> set[str]:
 def test_the_layering_test_sees_the_project() -> None:
     assert len(MODULES) > 30, f"found only {len(MODULES)} modules under {ROOT}"
     assert "batching.engine.batcher" in MODULES and "streamlit_app" in MODULES
-    assert set(PAGE_MODELS) <= set(MODULES)
+    assert {"app.views.race", "app.sections.queue", *PAGE_MODELS} <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) == "batching.engine"))
@@ -112,6 +112,13 @@ def test_the_pages_models_import_no_streamlit(module: str) -> None:
 def test_the_page_package_never_imports_the_frame() -> None:
     for module in (m for m in MODULES if _unit(m) == "app"):
         assert "streamlit_app" not in GRAPH[module], module
+
+
+def test_no_module_imports_a_view() -> None:
+    """A view is a script the frame runs through st.navigation: importing it would draw it."""
+    for module, imports in GRAPH.items():
+        views = {imp for imp in imports if imp.startswith("app.views.")}
+        assert not views, f"{module} imports {sorted(views)}"
 
 
 # Which units may import which: a unit never imports one that comes after it in the flow (the page may import all).
