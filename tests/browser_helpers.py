@@ -92,8 +92,13 @@ def add_prompt(page, text: str) -> None:
     page.get_by_test_id("stMain").get_by_role("button", name="Add", exact=True).click()
 
 
-def use_shared_engine(page) -> None:
-    """Run the queue on the shared engine (with everyone's requests) rather than the default race."""
-    page.get_by_test_id("stSidebar").get_by_text("Shared engine (everyone's requests)", exact=True).click()
+def open_view(page, title: str) -> None:
+    """Open a view by its title in the sidebar's navigation, and wait until it is drawn."""
+    page.get_by_test_id("stSidebarNav").get_by_role("link", name=title, exact=True).click()
     page.wait_for_selector(IDLE)
+
+
+def use_shared_engine(page) -> None:
+    """Run the queue on the shared engine (with everyone's requests) rather than the race the page opens on."""
+    open_view(page, "Shared engine (everyone's requests)")
     page.get_by_text("Compare with static batching afterwards").wait_for()

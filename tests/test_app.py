@@ -1,4 +1,5 @@
-"""The page, driven by Streamlit's AppTest: queue editing, bad input, a full run, its charts, comparison and errors.
+"""The page, driven by Streamlit's AppTest: queue editing, bad input, a full run, its charts, comparison and errors,
+and the views (the race, the shared engine) sharing one queue while each keeps its own run.
 
 AppTest sees each placeholder's final value only; the streaming itself is checked in tests/test_browser.py.
 """
@@ -19,6 +20,8 @@ import torch
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
+from app.live_run import CURSOR, LiveRun
+from app.race_view import RaceRun
 from batching.engine.mask_view import ALLOWED, cell_kinds
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
@@ -28,9 +31,9 @@ from utils import charts, export
 from utils.inspector_mask import padded_rectangle
 from utils.metrics import summarize
 from utils.plain_text import card_heading_html
-from utils.queue import CURSOR, LiveRun
 
 APP = str(Path(__file__).resolve().parents[1] / "streamlit_app.py")
+VIEWS = {"race": "app/views/race.py", "shared": "app/views/shared.py", "remote": "app/views/remote.py"}
 CAP = 8  # the default cap in these tests: short answers keep runs fast
 
 
@@ -88,18 +91,43 @@ def edit_table(at: AppTest, edited: dict | None = None, deleted: list[int] | Non
     assert not at.exception, at.exception
 
 
-def generate(at: AppTest, run_mode: str = "shared") -> LiveRun:
-    """Press Generate with the queue run on the shared engine (then replayed to compare), or raced."""
-    if at.radio(key="run_mode").value != run_mode:
-        at.radio(key="run_mode").set_value(run_mode).run()
+def view_shown(at: AppTest) -> str:
+    """Which view the page shows, told by the sidebar control only that view draws."""
+    keys = {widget.key for widget in [*at.slider, *at.text_input, *at.checkbox]}
+    return "race" if "slow_motion" in keys else "remote" if "remote_url" in keys else "shared"
+
+
+def open_view(at: AppTest, view: str) -> None:
+    """Pick a view in the navigation (AppTest switches to its page file)."""
+    at.switch_page(VIEWS[view]).run()
+    assert not at.exception, at.exception
+    assert view_shown(at) == view
+
+
+def shared_run(at: AppTest) -> LiveRun:
+    """The run the shared engine's view started (its live view)."""
+    return at.session_state.shared_run.run
+
+
+def race_run(at: AppTest) -> RaceRun:
+    """The race the race view started (both lanes' view)."""
+    return at.session_state.race_run.run
+
+
+def generate(at: AppTest, view: str = "shared") -> LiveRun | RaceRun | None:
+    """Press Generate with the queue run on the shared engine (then replayed to compare), or raced; returns the run
+    that view keeps (None if nothing started)."""
+    if view_shown(at) != view:
+        open_view(at, view)
     button(at, "Generate").click().run()
     assert not at.exception, at.exception
-    return at.session_state.run
+    kept = at.session_state.get(f"{view}_run")
+    return None if kept is None else kept.run
 
 
 def no_comparison(at: AppTest) -> None:
     """Run on the shared engine without the static replays afterwards."""
-    at.radio(key="run_mode").set_value("shared").run()
+    open_view(at, "shared")
     at.checkbox(key="compare").uncheck().run()
 
 
@@ -312,7 +340,7 @@ def finished_app(tiny_env: Path) -> AppTest:
 
 
 def test_generate_fills_every_placeholder_with_its_final_answer(finished_app: AppTest) -> None:
-    run = finished_app.session_state.run
+    run = shared_run(finished_app)
     assert run.done and run.completed and len(run.views) == 5
     answers = [element.value for element in finished_app.text]
     assert answers == [extract_answer(view.finished.text) for view in run.views]
@@ -351,7 +379,7 @@ def test_occupancy_never_exceeds_the_slots_and_static_shows_idle_slots(finished_
     continuous, static = (chart["data"].dropna(subset=["who"]) for chart in occupancy)
     assert set(continuous["who"]) == {charts.YOURS}
     assert (static["who"] == charts.HELD).any()
-    replays = finished_app.session_state.run.replays
+    replays = shared_run(finished_app).replays
     assert continuous["step"].nunique() == len(replays["continuous"].steps)
     assert static["step"].nunique() == len(replays["static"].steps)
 
@@ -369,7 +397,7 @@ def test_latency_and_slot_timeline_charts_show_every_request(finished_app: AppTe
 
 
 def test_comparison_figures_agree_with_the_events(finished_app: AppTest) -> None:
-    run = finished_app.session_state.run
+    run = shared_run(finished_app)
     records = {"continuous": run.replays["continuous"], "static": run.replays["static"], "live": run.record}
     for mode, record in records.items():
         assert len(record.tokens) == sum(event.output_tokens for event in record.finished)
@@ -416,7 +444,7 @@ def test_other_users_requests_on_the_shared_engine_show_in_the_live_run(tiny_env
     generate(at)
     for prompt in ("a?", "b?", "c?"):
         add(at, prompt, 4)
-    session = at.session_state.run_session  # another browser tab, with long answers in the same engine:
+    session = at.session_state.shared_run.session  # another browser tab, with long answers in the same engine:
     other = session.service.open_session(session.options)
     try:
         for _ in range(6):
@@ -442,7 +470,7 @@ def test_sampling_policy_and_staggered_arrivals_reach_the_engine(tiny_env: Path)
     at.slider(key="interval").set_value(0.2).run()
     run = generate(at)
     assert run.sampling.do_sample
-    assert at.session_state.run_setup["engine"]["policy"] == "shortest-first"
+    assert at.session_state.shared_run.setup["engine"]["policy"] == "shortest-first"
     assert [view.offset_s for view in run.views] == pytest.approx([0.0, 0.2, 0.4])
     arrived = sorted(event.arrival - run.start for event in run.record.finished)
     assert arrived[1] >= 0.2 and arrived[2] >= 0.4
@@ -459,14 +487,14 @@ def test_sampled_requests_get_seeds_from_the_sidebar_seed_and_replay_identically
     assert any("Request #n samples with seed + n − 1" in caption.value for caption in at.sidebar.caption)
     run = generate(at)
     assert [run.params(view).sampling.seed for view in run.views] == [5, 6, 7]
-    assert run.sampling.seed == 5 and at.session_state.run_setup["sampling"]["seed"] == 5
+    assert run.sampling.seed == 5 and at.session_state.shared_run.setup["sampling"]["seed"] == 5
     records = {"live": run.record, **run.replays}
     answers = {mode: {e.request_id: e.output_ids for e in record.finished} for mode, record in records.items()}
     assert answers["live"] == answers["continuous"] == answers["static"]  # each request's seed goes with it
 
 
 def test_a_second_run_replaces_the_first(finished_app: AppTest) -> None:
-    first = finished_app.session_state.run
+    first = shared_run(finished_app)
     button(finished_app, "Clear all").click().run()
     add(finished_app, "Again?", 2)
     second = generate(finished_app)
@@ -609,7 +637,7 @@ def test_the_default_embedded_model_answers_the_customer_support_example(monkeyp
 
 
 def test_the_inspector_shows_a_runs_grid_meters_and_the_step_picked(finished_app: AppTest) -> None:
-    run = finished_app.session_state.run
+    run = shared_run(finished_app)
     static = run.replays["static"]
     finished_app.radio(key="inspect_run").set_value("static").run()
     grid = next(c for c in finished_app.get("vega_lite_chart") if "what the slot did" in c.proto.spec)
@@ -641,7 +669,7 @@ def test_the_comparison_table_and_the_export_carry_the_waste_meters(finished_app
     assert {"padding tokens computed", "slot-steps held by finished requests"} <= set(table.index)
     assert int(table.loc["slot-steps held by finished requests", "static"]) > 0
     assert table.loc["slot-steps held by finished requests", "continuous"] == "0"
-    run = finished_app.session_state.run
+    run = shared_run(finished_app)
     document = json.loads(export.to_json(run.replays, run.labels(), {}, {}))
     assert set(document["runs"]["static"]["waste"]) >= {"slot_use", "padding_tokens", "budget_fill_mean"}
     assert document["runs"]["continuous"]["waste"]["slot_steps_held"] == 0
@@ -660,13 +688,13 @@ def raced_app(tiny_model_dirs: dict[str, Path]) -> Iterator[AppTest]:
         at.slider(key="batch_size").set_value(2).run()
         for index, cap in enumerate([2, 9, 3, 7, 4]):
             add(at, f"prompt number {index}", cap)
-        assert at.radio(key="run_mode").value == "race"
+        assert view_shown(at) == "race"  # the page opens on the race
         generate(at, "race")
         yield at
 
 
 def test_a_race_answers_every_prompt_on_both_lanes_and_states_the_speedup(raced_app: AppTest) -> None:
-    race = raced_app.session_state.run
+    race = race_run(raced_app)
     assert race.done and race.completed and len(race.views) == 5
     for lane in race.lanes.values():
         assert [view.finished.output_tokens for view in lane.views] == [2, 9, 3, 7, 4]
@@ -684,7 +712,7 @@ def test_a_race_answers_every_prompt_on_both_lanes_and_states_the_speedup(raced_
 
 
 def test_a_race_charts_both_lanes_on_their_own_clocks(raced_app: AppTest) -> None:
-    race = raced_app.session_state.run
+    race = race_run(raced_app)
     runs = race.runs()
     found = charts_by_title(raced_app)
     occupancy = next(charts for title, charts in found.items() if "occupancy" in str(title).lower())
@@ -707,7 +735,8 @@ def test_slow_motion_slows_the_race_on_the_page_but_not_its_clocks(tiny_env: Pat
         started = time.perf_counter()
         race = generate(at, "race")
         real = time.perf_counter() - started
-        assert race.completed and at.session_state.run_setup["slow_motion_ms"] == pause_ms
+        assert isinstance(race, RaceRun)
+        assert race.completed and at.session_state.race_run.setup["slow_motion_ms"] == pause_ms
         runs = race.runs()
         measured[pause_ms] = (real, sum(len(r.steps) for r in runs.values()), sum(r.wall_s for r in runs.values()))
     real, steps, clocks = measured[40]
@@ -720,3 +749,62 @@ def test_a_race_lane_opens_in_the_inspector_with_its_mask_and_the_static_padded_
     assert not raced_app.exception
     assert any("Padded rectangle" in m.value for m in raced_app.markdown)
     assert any("attention mask" in str(c.proto.spec).lower() for c in raced_app.get("vega_lite_chart"))
+
+
+# --- the views: one queue, each view's own run ----------------------------------------------------------------------
+def answer_headers(at: AppTest) -> list[str]:
+    return [header.value for header in at.header if header.value.startswith("2 · Answers")]
+
+
+def test_the_queue_is_kept_across_views_and_each_run_stays_with_the_view_that_started_it(tiny_env: Path) -> None:
+    at = open_app()
+    add(at, "Hi", 2)
+    add(at, "Bye", 3)
+    no_comparison(at)  # to the shared engine's view
+    assert queue_rows(at) == [("Hi", 2), ("Bye", 3)]  # the queue typed on the race's view
+    live = generate(at)
+    assert isinstance(live, LiveRun) and live.completed
+    live_answers = [element.value for element in at.text]
+
+    open_view(at, "race")
+    assert queue_rows(at) == [("Hi", 2), ("Bye", 3)]
+    assert "race_run" not in at.session_state and not at.text and not answer_headers(at)  # not the shared run
+    assert not button(at, "Generate").disabled and button(at, "Stop").disabled
+    add(at, "Again?", 2)  # a prompt added here is in every view's queue
+    race = generate(at, "race")
+    assert isinstance(race, RaceRun) and race.completed and len(race.views) == 3
+    assert answer_headers(at) == ["2 · Answers, racing"] and len(at.text) == 6  # three prompts on two lanes
+
+    open_view(at, "shared")  # its run is where it was left, untouched by the race
+    assert shared_run(at) is live and len(live.views) == 2
+    assert answer_headers(at) == ["2 · Answers"] and [element.value for element in at.text] == live_answers
+    assert queue_rows(at) == [("Hi", 2), ("Bye", 3), ("Again?", 2)]
+
+    open_view(at, "remote")  # no run of its own yet: the queue only
+    assert queue_rows(at) == [("Hi", 2), ("Bye", 3), ("Again?", 2)]
+    assert not answer_headers(at) and not at.text
+    open_view(at, "race")
+    assert race_run(at) is race and len(at.text) == 6
+
+
+class UnfinishedRun:
+    """Stands in for a view's run still going (`app.frame.ViewRun`): it records being let go."""
+
+    running = True
+
+    def __init__(self) -> None:
+        self.let_go_calls = 0
+
+    def let_go(self) -> None:
+        self.let_go_calls += 1
+
+
+def test_runs_left_going_in_other_views_are_let_go_on_every_script_run(tiny_env: Path) -> None:
+    at = open_app()  # on the race
+    shared, remote = UnfinishedRun(), UnfinishedRun()
+    at.session_state["shared_run"] = shared  # nothing polls a run whose view is not shown: it is stopped
+    at.session_state["remote_run"] = remote
+    at.run()
+    assert (shared.let_go_calls, remote.let_go_calls) == (1, 1)
+    at.run()
+    assert (shared.let_go_calls, remote.let_go_calls) == (2, 2)  # (a real run does nothing once stopped)

@@ -1,6 +1,6 @@
-"""The page's remote engine choice, driven by AppTest: a bad URL, a port with nothing on it, a whole run on our
-server where one prompt fails (a server-side refusal) while the others go on, and comparisons that warm the server up
-first and alternate which mode runs first."""
+"""The page's remote server view, driven by AppTest: the page opens on it when a server is set; a bad URL, a port
+with nothing on it, a whole run on our server where one prompt fails (a server-side refusal) while the others go on,
+and comparisons that warm the server up first and alternate which mode runs first."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _keep_torch_threads() -> Iterator[None]:
 
 @pytest.fixture
 def remote_env(monkeypatch: pytest.MonkeyPatch, tiny_model_dirs: dict[str, Path]) -> pytest.MonkeyPatch:
-    """The page on the tiny model (its own checks), its sidebar defaulting to a remote server."""
+    """The page on the tiny model (its own checks); with BATCHSCOPE_REMOTE__URL set, it opens on the remote view."""
     for name in [n for n in os.environ if n.startswith("BATCHSCOPE_") and n != KEEP_EAGER]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(tiny_model_dirs["llama"]))
@@ -63,7 +63,7 @@ def test_a_bad_url_is_one_line_in_the_sidebar_and_generate_starts_nothing(remote
     ]
     _add(at, "How do I track my order?", 4)
     _generate(at)
-    assert at.session_state.run is None
+    assert "remote_run" not in at.session_state
     assert "is not a server address" in at.main.error[0].value
 
 
@@ -73,8 +73,10 @@ def test_a_port_with_no_server_is_said_once_and_the_built_in_engine_is_one_click
     remote_env.setenv("BATCHSCOPE_REMOTE__URL", f"http://127.0.0.1:{free_port()}")
     at = _open()
     assert len(at.sidebar.error) == 1 and "cannot connect to http://127.0.0.1" in at.sidebar.error[0].value
-    at.radio(key="engine_kind").set_value("built-in").run()
+    at.switch_page("app/views/race.py").run()  # the race, in the navigation
+    assert not at.exception, at.exception
     assert not at.sidebar.error and at.text_input(key="new_prompt") is not None
+    assert at.slider(key="slow_motion") is not None  # the race's own control: the built-in engine is shown
 
 
 def test_a_remote_run_shows_every_answer_and_one_message_for_the_prompt_the_server_refused(
@@ -89,7 +91,7 @@ def test_a_remote_run_shows_every_answer_and_one_message_for_the_prompt_the_serv
         _add(at, "Tell me everything about returns. " * 20, 6)
         _add(at, "Do you ship abroad?", 6)
         _generate(at)
-    run = at.session_state.run
+    run = at.session_state.remote_run.run
     assert run.done and [view.status for view in run.views] == ["done", "done", "done"]
     failed = [view for view in run.views if view.finished.error]
     assert len(failed) == 1 and failed[0].number == 2
@@ -123,9 +125,10 @@ def test_each_comparison_warms_the_server_up_once_untimed_and_the_next_one_runs_
             before = served(url)
             _generate(at)
             after = served(url)
-            live, other = at.session_state.run_session, at.session_state.remote_second
+            kept = at.session_state.remote_run
+            live, other = kept.live, kept.second
             assert (live.setup.mode, other.setup.mode) == (first, second)
-            assert at.session_state.run_setup["order"] == [first, second]
+            assert kept.setup["order"] == [first, second]
             assert f"This time {first} ran first (live)." in _order_line(at)
             assert live.record.start < min(e.admitted for e in other.record.finished)  # it really ran second
             summaries = [summarize(run.record) for run in (live, other)]
@@ -134,11 +137,11 @@ def test_each_comparison_warms_the_server_up_once_untimed_and_the_next_one_runs_
             warm_up_tokens = after[1] - before[1] - sum(s.output_tokens for s in summaries)
             assert 1 <= warm_up_tokens <= WARM_UP_TOKENS
             assert not at.main.error
-    comparisons, shown = at.session_state.remote_comparisons, at.session_state.run
+    comparisons, shown = at.session_state.remote_comparisons, at.session_state.remote_run
     _generate(at)  # the server is gone: the warm-up fails, nothing new starts, the last comparison stays
     errors = [e.value for e in at.main.error]
     assert len(errors) == 1 and errors[0].startswith("the warm-up request failed, so nothing was run: cannot connect")
-    assert at.session_state.run is shown and at.session_state.remote_comparisons == comparisons
+    assert at.session_state.remote_run is shown and at.session_state.remote_comparisons == comparisons
 
 
 def test_a_warm_up_that_fails_is_one_line_and_generate_starts_nothing(remote_env: pytest.MonkeyPatch) -> None:
@@ -152,4 +155,4 @@ def test_a_warm_up_that_fails_is_one_line_and_generate_starts_nothing(remote_env
         f"the warm-up request failed, so nothing was run: cannot connect to {at.session_state.remote_url} "
         "(connection refused or host unknown): is the server running on that port?"
     ]
-    assert at.session_state.run is None and "remote_comparisons" not in at.session_state
+    assert "remote_run" not in at.session_state and "remote_comparisons" not in at.session_state

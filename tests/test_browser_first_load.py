@@ -17,9 +17,11 @@ from tests.browser_helpers import BROWSER_MARKS, IDLE, free_port, new_page, star
 
 pytestmark = BROWSER_MARKS
 
-# Every widget the sidebar draws on the default view (the race), by its accessible name.
+# Every widget the sidebar draws on the default view (the race), by its accessible name: the navigation first.
 SIDEBAR_WIDGETS = [
-    ("radiogroup", "Run the queue as"),
+    ("link", "Race: continuous vs static"),
+    ("link", "Shared engine (everyone's requests)"),
+    ("link", "Remote server"),
     ("slider", "Slow motion (pause between steps, ms)"),
     ("slider", "Batch size (slots)"),
     ("combobox", "Scheduling policy"),
@@ -73,6 +75,8 @@ def assert_every_sidebar_widget_rendered(page) -> None:
     sidebar = page.get_by_test_id("stSidebar")
     for role, name in SIDEBAR_WIDGETS:
         sidebar.get_by_role(role, name=name).first.wait_for(state="visible", timeout=30_000)
+    # The queue's table is drawn last (after the sidebar) and loads a script of its own: a grey box until it has.
+    page.get_by_test_id("stMain").get_by_test_id("stDataFrame").wait_for(state="visible", timeout=30_000)
     assert page.get_by_test_id("stSkeleton").count() == 0
 
 

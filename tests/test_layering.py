@@ -1,4 +1,4 @@
-"""The import arrows point one way: settings -> loader -> engine -> runs -> metrics -> charts / page / API.
+"""The import arrows point one way: settings -> loader -> engine -> runs -> metrics -> charts / API -> page.
 
 Read from the code itself (every `import` of every module), anchored on the repository root, so the test checks
 the same files from whatever folder it is run.
@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("config", "model", "batching", "utils")
-OURS = ("config", "model", "batching", "utils", "streamlit_app")
+SOURCE_DIRS = ("config", "model", "batching", "utils", "app")
+OURS = ("config", "model", "batching", "utils", "app", "streamlit_app")
+PAGE = ("streamlit_app", "app")  # the frame and the package of its views and sections
+# The page's own models, tested without Streamlit: the queue, a run's live view, a race's view, the streaming loops.
+PAGE_MODELS = ("app.prompt_queue", "app.live_run", "app.race_view", "app.streaming")
 
 
 def _module_name(path: Path) -> str:
@@ -58,9 +61,21 @@ def _unit(module: str) -> str:
     return module.split(".")[0]
 
 
+def _is_page(module: str) -> bool:
+    return module.split(".")[0] in PAGE
+
+
+def _streamlit_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return {name for name in imported if name.split(".")[0] == "streamlit"}
+
+
 def test_the_layering_test_sees_the_project() -> None:
     assert len(MODULES) > 30, f"found only {len(MODULES)} modules under {ROOT}"
     assert "batching.engine.batcher" in MODULES and "streamlit_app" in MODULES
+    assert {"app.views.race", "app.sections.queue", *PAGE_MODELS} <= set(MODULES)
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) == "batching.engine"))
@@ -76,16 +91,37 @@ def test_config_imports_nothing_of_ours(module: str) -> None:
 
 def test_nothing_below_the_page_imports_it_or_streamlit() -> None:
     for module, path in MODULES.items():
-        if module == "streamlit_app":
+        if _is_page(module):
             continue
+        page = {imp for imp in GRAPH[module] if _is_page(imp)}
+        assert not page, f"{module} imports the page: {sorted(page)}"
+        assert not _streamlit_imports(path), f"{module} imports streamlit"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) == "utils"))
+def test_utils_never_imports_the_page(module: str) -> None:
+    assert not {imp for imp in GRAPH[module] if _is_page(imp)}, f"{module} imports the page"
+
+
+@pytest.mark.parametrize("module", PAGE_MODELS)
+def test_the_pages_models_import_no_streamlit(module: str) -> None:
+    assert not _streamlit_imports(MODULES[module]), f"{module} imports streamlit"
+    assert not {imp for imp in GRAPH[module] if _unit(imp) == "app" and imp not in PAGE_MODELS}
+
+
+def test_the_page_package_never_imports_the_frame() -> None:
+    for module in (m for m in MODULES if _unit(m) == "app"):
         assert "streamlit_app" not in GRAPH[module], module
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-        assert not any(name.split(".")[0] == "streamlit" for name in imported), f"{module} imports streamlit"
 
 
-# Which units may import which: a unit never imports one that comes after it in the flow.
+def test_no_module_imports_a_view() -> None:
+    """A view is a script the frame runs through st.navigation: importing it would draw it."""
+    for module, imports in GRAPH.items():
+        views = {imp for imp in imports if imp.startswith("app.views.")}
+        assert not views, f"{module} imports {sorted(views)}"
+
+
+# Which units may import which: a unit never imports one that comes after it in the flow (the page may import all).
 ORDER = [
     "config",
     "model",
@@ -96,6 +132,8 @@ ORDER = [
     "batching.service",
     "batching.serve",
     "batching.bench",
+    "app",
+    "streamlit_app",
 ]
 
 

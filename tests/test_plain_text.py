@@ -1,4 +1,5 @@
-"""User text in HTML: exactly its characters as text, no element of its own, its direction isolated."""
+"""User text as text: in HTML exactly its characters, no element of its own, its direction isolated; in markdown
+every markup character escaped."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from utils.plain_text import card_heading_html, isolated_html
+from utils.plain_text import card_heading_html, escape_markdown, isolated_html
 
 
 class Parsed(HTMLParser):
@@ -46,3 +47,9 @@ def test_a_card_heading_is_the_number_in_bold_then_the_prompt_as_text() -> None:
     parsed = Parsed(card_heading_html(7, "<i>hi</i> www.example.com"))
     assert parsed.tags == ["div", "strong", "bdi"]
     assert parsed.text == "#7 · <i>hi</i> www.example.com"
+
+
+def test_escaped_markdown_has_no_markup_left() -> None:
+    escaped = escape_markdown("**bold** _it_ [link](http://x) <b>tag</b> # head `code`")
+    for special in "*_[]()<>#`":
+        assert all(escaped[i - 1] == "\\" for i, char in enumerate(escaped) if char == special)

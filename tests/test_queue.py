@@ -1,4 +1,5 @@
-"""The page's prompt queue (validation, data editor edits) and the live view of a run (events -> placeholders)."""
+"""The page's prompt queue (validation, data editor edits) and the live view of a run (events -> placeholders):
+`app.prompt_queue` and `app.live_run`."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from dataclasses import replace
 
 import pytest
 
+from app.live_run import CURSOR, LiveRun, request_sampling
+from app.prompt_queue import PromptQueue, QueueError, has_edits
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
 from batching.runs import RunRecord, ScheduledRun
-from utils.queue import CURSOR, LiveRun, PromptQueue, QueueError, escape_markdown, has_edits, request_sampling
 
 
 def refuse_long(prompt: str, cap: int) -> None:
@@ -141,12 +143,6 @@ def test_has_edits_tells_an_empty_change_set_from_a_real_one() -> None:
     assert not has_edits({"edited_rows": {}, "added_rows": [], "deleted_rows": []})
     assert has_edits({"edited_rows": {0: {"max_new_tokens": 1}}})
     assert has_edits({"deleted_rows": [0]})
-
-
-def test_escaped_markdown_has_no_markup_left() -> None:
-    escaped = escape_markdown("**bold** _it_ [link](http://x) <b>tag</b> # head `code`")
-    for special in "*_[]()<>#`":
-        assert all(escaped[i - 1] == "\\" for i, char in enumerate(escaped) if char == special)
 
 
 # --- a run -----------------------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from app.race_view import RaceRun
+from app.streaming import RaceStream
 from batching.arrivals import Schedule
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.builder import RequestBuilder
@@ -15,8 +17,6 @@ from batching.runs import StepClock
 from batching.service.messages import RaceEnded
 from config.settings import ModelSettings
 from model.loader import LoadedModel, load_model
-from utils.race_view import RaceRun
-from utils.streaming import RaceStream
 
 CAPS = [2, 9, 3, 7, 4]
 

@@ -10,14 +10,15 @@ import time
 
 import pytest
 
+from app.live_run import CURSOR, LiveRun
+from app.prompt_queue import PromptQueue
+from app.streaming import CHART_COST_FACTOR, Redraw, Stream, join_new_items
 from batching.engine.batcher import BatcherOptions
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
 from batching.service import EngineClient, EngineConfig
 from config.settings import EngineSettings, LimitSettings, ModelSettings, TokenizerSettings
 from tests.engine_helpers import loaded
-from utils.queue import CURSOR, LiveRun, PromptQueue
-from utils.streaming import CHART_COST_FACTOR, Redraw, Stream, join_new_items
 
 
 @pytest.fixture(scope="module")

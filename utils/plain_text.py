@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import html
+import re
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~$:=^&])")
+
+
+def escape_markdown(text: str) -> str:
+    """Show user text literally inside st.markdown: every markdown character escaped, newlines kept."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text).replace("\n", "  \n")
 
 
 def isolated_html(text: str) -> str:

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from app.live_run import LiveRun, RequestView
 from batching.engine.events import Event, FinishedEvent
 from batching.engine.params import RequestParams, SamplingParams
 from batching.race import RACE_MODES
 from batching.runs import RunRecord
 from utils.metrics import steps_kind
-from utils.queue import LiveRun, RequestView
 
 LANE_NAMES = {"continuous": "continuous", "static": "static"}
 

@@ -10,11 +10,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.live_run import LiveRun, RequestView
+from app.prompt_queue import QueueItem
+from app.race_view import RaceRun
 from batching.engine.events import Event
 from batching.engine.params import RequestParams
 from batching.race import LaneStep
-from utils.queue import LiveRun, QueueItem, RequestView
-from utils.race_view import RaceRun
 
 # While streaming, answers are redrawn at most this often, and charts at most this often (and then only after
 # waiting 4x as long as they took to draw).

@@ -1,0 +1,80 @@
+"""The race view's run: the queue on a continuous and a static lane of this tab's own, stepped in turn in the engine
+process on fair clocks (`batching.race`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from app.frame import Frame
+from app.prompt_queue import PromptQueue
+from app.race_view import RaceRun
+from app.runs import engine_setup
+from batching.service import RaceHandle
+
+KEY = "race_run"
+
+
+@dataclass
+class RaceViewRun:
+    """The race the race view started: both lanes' view of it, its handle in the engine, the queue items in it
+    (prompts added since join both lanes), its slow motion now, and what it was asked to do (for the export)."""
+
+    run: RaceRun
+    handle: RaceHandle
+    items: set[int]
+    pause_ms: int
+    setup: dict
+
+    @property
+    def running(self) -> bool:
+        return not self.run.done
+
+    def stop(self) -> None:
+        """Prompts yet to arrive on a lane will not; the engine cancels both lanes' running requests."""
+        self.run.stop()
+        self.handle.stop()
+
+    def let_go(self) -> None:
+        if self.running and not self.run.stopped:
+            self.stop()
+
+    def follow(self, frame: Frame, queue: PromptQueue, pause_ms: int) -> None:
+        """Prompts added since join both lanes at the same clock time; a new slow motion applies now."""
+        offset = max(self.run.elapsed.values())
+        for item in queue.items:
+            if item.item_id in self.items:
+                continue
+            self.items.add(item.item_id)
+            request_id = self.run.plan(item.prompt, frame.formatted(item.prompt), item.max_new_tokens, offset)
+            try:
+                self.handle.add(frame.formatted(item.prompt), self.run.params(request_id), request_id)
+            except ValueError as exc:
+                for lane in self.run.lanes.values():
+                    lane.refuse(lane.views[-1], str(exc))
+        if self.pause_ms != pause_ms:
+            self.pause_ms = pause_ms
+            self.handle.set_pause(pause_ms / 1000)
+
+
+def start(frame: Frame, pause_ms: int, queue: PromptQueue) -> None:
+    """Start the queue racing on a continuous and a static lane of this tab's own, in the engine process."""
+    state = st.session_state
+    choices = frame.choices
+    schedule = choices.schedule(len(queue))
+    race = RaceRun(f"t{id(state)}/", choices.batch_size, choices.sampling)
+    for item, offset in zip(queue.items, schedule.due, strict=True):
+        race.plan(item.prompt, frame.formatted(item.prompt), item.max_new_tokens, offset)
+    try:
+        handle = frame.service.start_race(frame.options, race.items(), schedule, pause_ms / 1000)
+    except ValueError as exc:
+        state.queue_message = str(exc)
+        return
+    items = {item.item_id for item in queue.items}
+    state[KEY] = RaceViewRun(race, handle, items, pause_ms, engine_setup(frame, "race", True, pause_ms, schedule))
+    state.queue_message = None
+
+
+def stop() -> None:
+    st.session_state[KEY].stop()

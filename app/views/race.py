@@ -1,0 +1,42 @@
+"""Race: continuous vs static. The queue races on a continuous and a static lane of this tab's own, side by side and
+live, on clocks that count only each lane's own steps; then the same inspector, numbers and export as elsewhere."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import streamlit as st
+
+from app.frame import current_frame
+from app.runs import race
+from app.sections.answers import race_answers_section, race_stream
+from app.sections.charts import RACE_NOTES, engine_layout, race_charts
+from app.sections.export import export_section
+from app.sections.inspector import LANE_RUN_NAMES, inspector_section
+from app.sections.numbers import numbers_section
+from app.sections.queue import queue_section, run_buttons
+from app.sidebar import slow_motion
+from utils.inspector import waste_meters
+
+frame = current_frame()
+pause_ms = slow_motion(frame.controls)
+queue = queue_section(frame)
+kept: race.RaceViewRun | None = st.session_state.get(race.KEY)
+buttons = run_buttons(queue, partial(race.start, frame, pause_ms), race.stop, kept is not None and kept.running)
+if kept is None:
+    st.stop()
+if buttons.running:  # prompts added since join both lanes; a new slow motion applies now
+    kept.follow(frame, queue, pause_ms)
+
+lanes = kept.run
+progress_slot, answer_slots = race_answers_section(lanes)
+layout = engine_layout(RACE_NOTES)
+race_stream(lanes, kept.handle, progress_slot, answer_slots, partial(race_charts, lanes, layout))
+if buttons.running:  # the race ended during this script run
+    kept.handle.close()
+    buttons.run_ended()
+runs = lanes.runs()
+meters = {mode: waste_meters(record) for mode, record in runs.items()}  # each lane's, read by both sections
+inspector_section(runs, meters, lanes.labels(), frame.decode, LANE_RUN_NAMES)
+numbers_section(runs, meters, False, lanes)
+export_section(runs, lanes.lanes["continuous"], kept.setup)

@@ -1,0 +1,52 @@
+"""Remote server. The queue goes to any OpenAI-compatible server, live in one mode (continuous: up to N requests in
+flight; static: waves of N), then again in the other; every time is the client's, next to the server's telemetry."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+import streamlit as st
+
+from app.frame import current_frame
+from app.runs import remote
+from app.sections.answers import answers_section, stream
+from app.sections.charts import live_remote_charts, remote_comparison_charts, remote_layout
+from app.sections.export import remote_export_section
+from app.sections.numbers import remote_failures, remote_numbers_section
+from app.sections.queue import queue_section, run_buttons
+from app.sidebar import REMOTE_RUN_NOTE, compare_choice, remote_server_choice
+
+REMOTE_NOTE = (
+    "Remote server: every time here is measured by this page's client, so it includes the network and whatever "
+    "else the server is doing for other clients. The server batches as it likes; continuous keeps up to N requests "
+    "in flight, static sends waves of N and waits for each wave's slowest answer (N = the batch size slider)."
+)
+
+frame = current_frame()
+server = remote_server_choice(frame.settings, frame.controls)
+compare = compare_choice(frame.controls, REMOTE_RUN_NOTE)
+frame = replace(frame, chat_server=server.api == "chat")  # a chat server applies its own template
+queue = queue_section(frame)
+kept: remote.RemoteViewRun | None = st.session_state.get(remote.KEY)
+start = partial(remote.start, frame, server, compare)
+buttons = run_buttons(queue, start, remote.stop, kept is not None and kept.running)
+if kept is None:
+    st.stop()
+if buttons.running:  # prompts added mid-run join the live pass at once
+    kept.join(queue, frame.formatted)
+
+run, live = kept.run, kept.live
+st.info(REMOTE_NOTE)
+st.caption(remote.order_line(kept.setup))
+progress_slot, answer_slots = answers_section(run)
+layout = remote_layout(live.setup.mode)
+stream(run, live, compare, progress_slot, answer_slots, partial(live_remote_charts, layout, run, live))
+live.close()
+runs = remote.compared(kept, compare, layout.progress)
+buttons.run_ended()
+labels = kept.labels()
+remote_comparison_charts(layout, runs, compare, labels)
+remote_failures(runs)
+remote_numbers_section(runs)
+remote_export_section(runs, labels, kept.prompts(), kept.setup)
