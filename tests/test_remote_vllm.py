@@ -16,11 +16,13 @@ from tests.vllm_helpers import RunningVllm, our_answers
 from utils.telemetry_charts import RUNNING, WAITING, reported_line, telemetry_frame
 
 LANES = 6  # more than vLLM's SLOTS (4): two requests wait on the server, and its own figures show it
-# The embedded model ends these at EOS within 16-80 tokens; it goes on past 200 on the first, so four copies of it
-# hold vLLM's whole batch for 120 steps (about a second) while two more requests wait, long enough to be read.
+# The embedded model ends these at EOS within 16-80 tokens; it goes on to 228 tokens on the first, so eight copies of
+# it capped at 220 hold vLLM's whole batch for two rounds of 220 steps (3-4 s) while two more requests wait. vLLM's
+# /metrics takes ~0.2 s to answer while it is busy here: one round of 120 steps (CI's failure) gave 3-10 readings, some
+# with no request running in any of them.
 LONG = "Explain the features of the latest smartphone model."
-PROMPTS = [LONG] * 4 + QUESTIONS
-CAPS = [120] * 4 + [100] * len(QUESTIONS)
+PROMPTS = [LONG] * 8 + QUESTIONS
+CAPS = [220] * 8 + [100] * len(QUESTIONS)
 RUN_TIMEOUT_S = 120
 
 
