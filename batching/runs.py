@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from batching.arrivals import ArrivalDriver, Schedule
 from batching.engine.batcher import Batcher
-from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
+from batching.engine.events import Event, FinishedEvent, PreemptedEvent, StepEvent, TokenEvent
 from batching.engine.request import Request
 
 
@@ -55,6 +55,7 @@ class RunRecord:
     steps: list[StepEvent] = field(default_factory=list)
     finished: list[FinishedEvent] = field(default_factory=list)
     tokens: list[TokenEvent] = field(default_factory=list)
+    preempted: list[PreemptedEvent] = field(default_factory=list)
     slots: int = 0
 
     def add(self, event: Event) -> None:
@@ -63,6 +64,8 @@ class RunRecord:
             self.slots = max(self.slots, len(event.slots))
         elif isinstance(event, FinishedEvent):
             self.finished.append(event)
+        elif isinstance(event, PreemptedEvent):
+            self.preempted.append(event)
         else:
             self.tokens.append(event)
 

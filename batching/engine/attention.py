@@ -2,8 +2,8 @@
 
 Registered with transformers' `AttentionInterface`, so the model's own classes run unchanged: the linear layers
 see only the real new tokens (no padding to the longest prompt chunk), and attention is split per row here.
-Single-token rows (decode steps) share one batched call over a view of the cache; each prompt chunk gets its own
-call over its row. Without a plan (e.g. `model.generate`) it is plain SDPA.
+Single-token rows (decode steps) share one batched call over their rows' blocks (gathered in table order by the
+cache); each prompt chunk gets its own call over its row. Without a plan (e.g. `model.generate`) it is plain SDPA.
 
 Everything the model's attention module passes is honoured: `scaling`, a per-layer `sliding_window` (a key is
 seen when its column is within the last `window` columns up to the query, as in transformers' masks), values with
@@ -28,23 +28,31 @@ PLAN_KWARG = "batchscope_plan"
 
 @dataclass
 class RowMask:
-    """Which cache columns each query may see, as booleans, with the additive masks derived from it per window."""
+    """Which key columns each query may see: up to its own column, never a padding column (a padding query sees
+    itself only, so no softmax row is empty), and within a sliding window where the layer has one. Built as
+    additive masks once per step and window, over however many key columns the step's gathered blocks hold."""
 
-    allowed: torch.Tensor  # [rows, 1, queries, kv_len]
-    query_columns: torch.Tensor  # [rows, 1, queries, 1]: the cache column each query sits at
+    query_columns: torch.Tensor  # [rows, 1, queries, 1]: the column each query sits at in its own row
+    first_columns: torch.Tensor  # [rows, 1, 1, 1]: columns before it hold left padding
     dtype: torch.dtype
     _additive: dict[int | None, torch.Tensor] = field(default_factory=dict)
 
-    def additive(self, window: int | None) -> torch.Tensor:
+    def allowed(self, kv_len: int) -> torch.Tensor:
+        """`[rows, 1, queries, kv_len]` booleans: True where a query attends."""
+        columns = torch.arange(kv_len, device=self.query_columns.device)
+        own = self.query_columns
+        return (columns <= own) & ((columns >= self.first_columns) | (columns == own))
+
+    def additive(self, window: int | None, kv_len: int) -> torch.Tensor:
         """The additive mask (0 = attend, dtype min = blocked); a window also hides keys `window` or more back.
 
         Built once per step and window, then shared by every layer that asks for it.
         """
         mask = self._additive.get(window)
         if mask is None:
-            allowed = self.allowed
+            allowed = self.allowed(kv_len)
             if window is not None:
-                columns = torch.arange(allowed.shape[-1], device=allowed.device)
+                columns = torch.arange(kv_len, device=allowed.device)
                 # Matches transformers' sliding-window overlay: the query itself and the `window - 1` keys before it.
                 allowed = allowed & (columns > self.query_columns - window)
             mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
@@ -55,7 +63,8 @@ class RowMask:
 
 @dataclass
 class ChunkPlan:
-    """One row's prompt chunk: its tokens are `[start, end)` of the packed sequence."""
+    """One row's prompt chunk: its tokens are `[start, end)` of the packed sequence; it reads its row's first
+    `kv_len` columns."""
 
     row: int
     start: int
@@ -73,6 +82,7 @@ class PackedPlan:
     single_tokens: torch.Tensor | None  # their positions in the packed sequence
     single_mask: RowMask | None  # every row in use, one query each
     chunks: list[ChunkPlan]
+    single_kv_len: int = 1  # the key columns the single-token rows' call reads: their gathered blocks' positions
 
 
 def attend(
@@ -84,7 +94,8 @@ def attend(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of `query` [b, heads, q, d] over `key` [b, kv_heads, s, d] / `value` [b, kv_heads, s, dv].
+    """Attention of `query` [b, heads, q, d] over `key` [kv_heads, b, s, d] / `value` [kv_heads, b, s, dv] (heads
+    first, as `gather_blocks` lays them out); `mask` is additive, [b, 1, q, s].
 
     SDPA for prompt chunks; one query per row (decode) takes the grouped matmul + softmax below, measured 1.2x
     faster than SDPA's CPU kernel at 100 cached columns and 1.8x at 1,000 (8 rows). Soft-capped logits and sinks
@@ -92,27 +103,29 @@ def attend(
     per head joins the softmax and is then dropped).
     """
     if softcap is None and sinks is None and query.shape[2] > 1:
-        gqa = key.shape[1] != query.shape[1]
-        return scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+        gqa = key.shape[0] != query.shape[1]
+        return scaled_dot_product_attention(
+            query, key.transpose(0, 1), value.transpose(0, 1), attn_mask=mask, scale=scaling, enable_gqa=gqa
+        )
     batch, heads, queries, dim = query.shape
-    kv_heads, kv_len = key.shape[1], key.shape[2]
+    kv_heads, kv_len = key.shape[0], key.shape[2]
     groups = heads // kv_heads
     # Grouped-query heads share their key head: fold the group into the query axis rather than repeat K/V.
-    grouped = query.reshape(batch, kv_heads, groups * queries, dim)
-    scores = torch.matmul(grouped, key.transpose(2, 3)).view(batch, heads, queries, kv_len)
+    grouped = query.reshape(batch, kv_heads, groups * queries, dim).transpose(0, 1)
+    scores = torch.matmul(grouped, key.transpose(2, 3)).view(kv_heads, batch, groups, queries, kv_len)
     scores = scores * (dim**-0.5 if scaling is None else scaling)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores + mask
+    scores = scores + mask.unsqueeze(0)
     if sinks is None:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     else:
-        sink = sinks.reshape(1, heads, 1, 1).to(scores.dtype).expand(batch, heads, queries, 1)
+        sink = sinks.reshape(kv_heads, 1, groups, 1, 1).to(scores.dtype).expand(*scores.shape[:-1], 1)
         combined = torch.cat([scores, sink], dim=-1)
         combined = combined - combined.max(dim=-1, keepdim=True).values
         probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
-    out = torch.matmul(probs.reshape(batch, kv_heads, groups * queries, kv_len), value)
-    return out.view(batch, heads, queries, value.shape[-1])
+    out = torch.matmul(probs.reshape(kv_heads, batch, groups * queries, kv_len), value)
+    return out.transpose(0, 1).reshape(batch, heads, queries, value.shape[-1])
 
 
 def packed_attention(
@@ -125,7 +138,8 @@ def packed_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """`query` is `[1, heads, tokens, dim]`; `key`/`value` are the whole cache `[slots, kv_heads, len, dim]`."""
+    """`query` is `[1, heads, tokens, dim]`; `key`/`value` are every row's gathered blocks, `[rows, kv_heads, columns,
+    dim]` (see `PagedLayer.update`), taken heads-first here."""
     plan: PackedPlan | None = kwargs.get(PLAN_KWARG)
     window: int | None = kwargs.get("sliding_window")
     softcap: float | None = kwargs.get("softcap")
@@ -143,16 +157,9 @@ def packed_attention(
             rows = plan.rows
             single_query = query.new_zeros((rows, heads, 1, query.shape[3]))
             single_query[plan.single_rows, :, 0] = tokens[plan.single_tokens]
-        mask = plan.single_mask.additive(window)
-        kv_len = mask.shape[-1]
+        mask = plan.single_mask.additive(window, key.shape[2])
         attended = attend(
-            single_query,
-            key[:rows, :, :kv_len],
-            value[:rows, :, :kv_len],
-            mask,
-            scaling,
-            softcap,
-            sinks,
+            single_query, key[:rows].transpose(0, 1), value[:rows].transpose(0, 1), mask, scaling, softcap, sinks
         )
         if plan.single_rows is None:
             output[0] = attended[:, :, 0]
@@ -161,9 +168,9 @@ def packed_attention(
     for chunk in plan.chunks:
         attended = attend(
             query[:, :, chunk.start : chunk.end],
-            key[chunk.row : chunk.row + 1, :, : chunk.kv_len],
-            value[chunk.row : chunk.row + 1, :, : chunk.kv_len],
-            chunk.mask.additive(window),
+            key[chunk.row : chunk.row + 1, :, : chunk.kv_len].transpose(0, 1),
+            value[chunk.row : chunk.row + 1, :, : chunk.kv_len].transpose(0, 1),
+            chunk.mask.additive(window, chunk.kv_len),
             scaling,
             softcap,
             sinks,
@@ -193,7 +200,7 @@ def _unplanned(
     if attention_mask.dtype == torch.bool:
         additive = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
         attention_mask = additive.masked_fill_(~attention_mask, torch.finfo(query.dtype).min)
-    out = attend(query, key, value, attention_mask, scaling, softcap, sinks)
+    out = attend(query, key.transpose(0, 1), value.transpose(0, 1), attention_mask, scaling, softcap, sinks)
     return out.transpose(1, 2).contiguous(), None
 
 

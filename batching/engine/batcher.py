@@ -1,8 +1,9 @@
 """The batcher: submission and cancellation, and the step loop that runs what its scheduler decides.
 
-`step()` is schedule -> run -> postprocess (sample, finish) -> collect (free the slots the scheduler lets go, the
-step's event). Everything but the scheduler (the model runner, sampling, finishing, events) is the same for continuous
-and static batching, so a comparison measures scheduling alone.
+`step()` is schedule (make room in KV memory, admit, pick each row's tokens) -> run -> postprocess (sample, finish)
+-> collect (free the slots the scheduler lets go, the step's event). Everything but the scheduler (the model runner,
+its paged cache and block pool, sampling, finishing, events) is the same for continuous and static batching, so a
+comparison measures scheduling alone, on the same KV memory.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
 from batching.engine.builder import RequestBuilder
 from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
-from batching.engine.events import Event, FinishedEvent, StepEvent, StepRow, TokenEvent
+from batching.engine.events import Event, FinishedEvent, MemoryView, PreemptedEvent, StepEvent, StepRow, TokenEvent
 from batching.engine.model_support import context_reason, model_context_length
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request, RequestState
@@ -31,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]  # seconds; a batcher, a run and its arrivals read the same one
 MODES = ("continuous", "static")
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class BatcherOptions:
     step_detail: bool = True  # each StepEvent lists its rows (the step inspector's data); off for lean benchmarks
     compile_steps: bool = False  # decode steps through a compiled graph once it is ready (see engine.compiled)
     compile_autotune: bool = True  # the compiler picks its matrix kernels by timing them (a longer first compile)
+    block_size: int = DEFAULT_BLOCK_SIZE  # KV positions per block
+    kv_blocks: int | None = None  # the KV pool's blocks (None: every slot's whole context, as a slot cache reserves)
+    prefix_caching: bool = True  # continuous batching reuses cached blocks of equal prefixes (static never does)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -58,6 +64,16 @@ class BatcherOptions:
                 f"{self.max_batch_size}, so prompts still get prefilled while every slot decodes"
             )
         check_policy(self.policy)
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size={self.block_size} is not allowed: choose one of {BLOCK_SIZES}")
+        if self.kv_blocks is not None and self.kv_blocks < 1:
+            raise ValueError(f"kv_blocks={self.kv_blocks} is not allowed: must be >= 1")
+
+    def pool_blocks(self, max_len: int) -> int:
+        """The pool's blocks: the setting, else every slot's `max_len` positions."""
+        if self.kv_blocks is not None:
+            return self.kv_blocks
+        return self.max_batch_size * -(-max_len // self.block_size)
 
 
 @dataclass(frozen=True)
@@ -87,7 +103,8 @@ def request_builder(
     """What a batcher with these options accepts: the same checks, without a cache (for the page's validation)."""
     context = min(model_context_length(model), options.max_seq_len)
     reason = context_reason(model) if context == model_context_length(model) else ""
-    return RequestBuilder(tokenizer, context, options.max_prompt_tokens, reason)
+    kv_tokens = None if options.kv_blocks is None else options.kv_blocks * options.block_size
+    return RequestBuilder(tokenizer, context, options.max_prompt_tokens, reason, kv_tokens)
 
 
 class Batcher:
@@ -112,22 +129,26 @@ class Batcher:
         self.builder = request_builder(model, tokenizer, options)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         pad_token_id = int(pad or 0)
-        self.scheduler: Scheduler
-        if mode == "continuous":
-            self.scheduler = ContinuousScheduler(options.max_batched_tokens, options.policy)
-        elif mode == "static":
-            self.scheduler = StaticScheduler(pad_token_id)
-        else:
+        if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not allowed: choose one of {', '.join(MODES)}")
         self.mode = mode
         context = self.builder.context_length
         # A static wave's rows also hold left padding (up to the longest prompt); positions never pass the context.
         padding_room = self.builder.max_prompt_tokens if mode == "static" else 0
+        prefix_caching = options.prefix_caching and mode == "continuous"
+        self.pool = BlockPool(options.pool_blocks(context), options.block_size, prefix_caching)
+        self.scheduler: Scheduler
+        if mode == "continuous":
+            self.scheduler = ContinuousScheduler(options.max_batched_tokens, self.pool, options.policy)
+        else:
+            self.scheduler = StaticScheduler(pad_token_id, self.pool)
+        self.preemptions = 0
         self.runner = ModelRunner(
             model,
             capacity=options.max_batch_size,
             max_len=context + padding_room,
             pad_token_id=pad_token_id,
+            pool=self.pool,
             max_position=context - 1,
             compile_steps=options.compile_steps,
             compile_autotune=options.compile_autotune,
@@ -182,6 +203,9 @@ class Batcher:
     def step(self) -> list[Event]:
         """One forward pass over the rows the scheduler picks: schedule, run, postprocess, collect."""
         events = self._take_inbox()
+        rows = [self.running[rid] for rid in self.runner.row_owners()]
+        for request in self.scheduler.make_room(rows):
+            self._preempt(request, events)
         self._admit()
         if not self.running:
             return events
@@ -190,6 +214,7 @@ class Batcher:
         start = self.clock()
         logits = self._forward(batch, events)
         if logits is not None:
+            self._commit_blocks(batch)
             self._postprocess(batch, logits, events)
         self._release(self.scheduler.leaving(list(self.running.values())))
         if logits is not None:
@@ -222,6 +247,22 @@ class Batcher:
             token_budget=self.options.max_batched_tokens,
             mask=self.runner.last_mask,  # None without step detail
             compiled=self.runner.last_compiled,
+            memory=self.memory_view(),
+        )
+
+    def memory_view(self) -> MemoryView:
+        """The block pool now (with each running request's table when the batcher records step detail)."""
+        pool, cache = self.pool, self.runner.cache
+        detail = self.options.step_detail
+        tables = tuple((rid, tuple(pool.tables.get(rid, ()))) for rid in self.running) if detail else ()
+        return MemoryView(
+            block_size=pool.block_size,
+            usage=pool.usage(),
+            tokens=sum(cache.lengths[: cache.active_rows]),
+            tables=tables,
+            preemptions=self.preemptions,
+            prefix_queries=pool.prefix_queries,
+            prefix_hits=pool.prefix_hits,
         )
 
     def _take_inbox(self) -> list[Event]:
@@ -241,17 +282,40 @@ class Batcher:
         return events
 
     def _admit(self) -> None:
-        """Give the requests the scheduler admits a slot and a cache row."""
+        """Give the requests the scheduler admits a slot and a cache row (a prefix hit's blocks are theirs already)."""
         free = [slot for slot, occupant in enumerate(self.slots) if occupant is None]
-        for request, slot in self.scheduler.admit(free, len(self.running)):
-            self.runner.claim(request.request_id)
+        for request, slot in self.scheduler.admit(free, list(self.running.values())):
+            self.runner.claim(request.request_id, request.prefilled)
             request.slot = slot
             request.state = RequestState.PREFILLING
-            request.times.admitted = self.clock()
             self.slots[slot] = request
             self.running[request.request_id] = request
-            self._detokenizers[request.request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
-            self._samplers[request.request_id] = sampler_for(request, self.runner.device)
+            if request.times.admitted is None:  # first admission (not a return after a preemption)
+                request.times.admitted = self.clock()
+                request.cached_tokens = request.prefilled
+                self._detokenizers[request.request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
+                self._samplers[request.request_id] = sampler_for(request, self.runner.device)
+
+    def _preempt(self, request: Request, events: list[Event]) -> None:
+        """A running request the scheduler preempted (its blocks are free): back to the front of the queue."""
+        slot = request.slot
+        self.runner.release(request.request_id)
+        if slot is not None:
+            self.slots[slot] = None
+        del self.running[request.request_id]
+        request.preempt()
+        self.scheduler.waiting.push_front(request)
+        self.preemptions += 1
+        events.append(PreemptedEvent(request.request_id, self.clock(), request.remaining_prefill, slot))
+
+    def _commit_blocks(self, batch: ScheduledBatch) -> None:
+        """Hash the blocks this step filled, for later prefix hits (a no-op without prefix caching)."""
+        pool, lengths = self.pool, self.runner.cache.lengths
+        if not pool.prefix_caching:
+            return
+        for row, request in enumerate(batch.requests):
+            if pool.needs_commit(request.request_id, lengths[row]):
+                pool.commit(request.request_id, request.all_ids, lengths[row])
 
     def _forward(self, batch: ScheduledBatch, events: list[Event]) -> torch.Tensor | None:
         """The model's forward pass; if it fails, no request can be blamed alone, so all running ones fail."""
@@ -334,6 +398,8 @@ class Batcher:
                 finished=times.finished,
                 slot=request.slot,
                 error=error,
+                cached_tokens=request.cached_tokens,
+                preemptions=request.preemptions,
             )
         )
 
@@ -341,6 +407,7 @@ class Batcher:
         """Free finished requests' slots and cache rows."""
         for request in requests:
             self.runner.release(request.request_id)
+            self.scheduler.forget(request)
             if request.slot is not None:
                 self.slots[request.slot] = None
             del self.running[request.request_id]

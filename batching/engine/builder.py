@@ -26,11 +26,13 @@ class RequestBuilder:
         context_length: int,
         max_prompt_tokens: int,
         context_reason: str = "",
+        kv_tokens: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.context_reason = context_reason  # why the context is shorter than the model's, if it is
         self.max_prompt_tokens = min(max_prompt_tokens, context_length - 1)
+        self.kv_tokens = kv_tokens  # positions the KV cache holds in all (None: no limit but the context)
 
     @property
     def max_new_tokens(self) -> int:
@@ -69,6 +71,13 @@ class RequestBuilder:
             raise ValueError(
                 f"max_new_tokens={params.max_new_tokens} is too large: the prompt has {len(prompt_ids)} tokens and "
                 f"the model's context is {self.context_length}{self.context_reason}, so at most {room}"
+            )
+        needed = len(prompt_ids) + params.max_new_tokens
+        if self.kv_tokens is not None and needed > self.kv_tokens:
+            raise ValueError(
+                f"max_new_tokens={params.max_new_tokens} is too large for the KV cache: the prompt's {len(prompt_ids)} "
+                f"tokens and the answer need {needed} positions, the whole cache holds {self.kv_tokens}: lower it or "
+                "give the cache more memory"
             )
         request = Request(request_id=request_id or f"r{next(_ids)}", prompt_ids=prompt_ids, params=params)
         if arrival is not None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.fx.experimental._config as fx_config
 from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ AUTOTUNE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
 }
 
 _compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[bool, Callable[..., object]]] = weakref.WeakKeyDictionary()
-_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int, bool], StepCompiler]] = (
+_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int, int, bool], StepCompiler]] = (
     weakref.WeakKeyDictionary()
 )
 _lock = threading.RLock()
@@ -165,15 +166,17 @@ def _run_model(model: PreTrainedModel, **inputs: Any) -> object:
 Warm = Callable[[Callable[..., object], Bucket], None]  # runs one step of a bucket through a compiled forward
 
 
-def step_compiler(model: PreTrainedModel, capacity: int, max_len: int, autotune: bool, warm: Warm) -> StepCompiler:
-    """The compiler of this model's decode steps for a slot count and cache length: batchers of one shape share
-    it, so a batcher made after another finds the graph ready."""
+def step_compiler(
+    model: PreTrainedModel, capacity: int, max_len: int, block_size: int, autotune: bool, warm: Warm
+) -> StepCompiler:
+    """The compiler of this model's decode steps for a slot count, cache length and block size: batchers of one
+    shape share it, so a batcher made after another finds the graph ready."""
     with _lock:
         compilers = _compilers.setdefault(model, {})
-        key = (capacity, max_len, autotune)
+        key = (capacity, max_len, block_size, autotune)
         compiler = compilers.get(key)
         if compiler is None:
-            compiler = compilers[key] = StepCompiler(model, capacity, max_len, autotune, warm)
+            compiler = compilers[key] = StepCompiler(model, capacity, max_len, block_size, autotune, warm)
         return compiler
 
 
@@ -211,10 +214,15 @@ class StepCompiler:
     provides it), which is what makes the graph.
     """
 
-    def __init__(self, model: PreTrainedModel, capacity: int, max_len: int, autotune: bool, warm: Warm) -> None:
+    def __init__(
+        self, model: PreTrainedModel, capacity: int, max_len: int, block_size: int, autotune: bool, warm: Warm
+    ) -> None:
         self.forward = compiled_forward(model, autotune)
         self.capacity = capacity
         self.max_len = max_len
+        # Columns are rounded to whole blocks and to KV_STEP (both powers of two), at most the last column but one.
+        self.column_step = max(KV_STEP, block_size)
+        self.max_columns = (max_len - 1) // self.column_step * self.column_step
         self.compile_s: float | None = None  # how long making the graph took, once made
         self.failed = False
         self._warm = warm
@@ -226,7 +234,7 @@ class StepCompiler:
     def bucket(self, rows: int, kv_len: int) -> Bucket | None:
         """The padded shape of a decode step with `rows` rows reading `kv_len` cached columns; None for a step that
         reads the cache's last column (a symbolic length equal to the cache's would be specialised on)."""
-        columns = min(-(-kv_len // KV_STEP) * KV_STEP, self.max_len - 1)
+        columns = min(-(-kv_len // self.column_step) * self.column_step, self.max_columns)
         # One row is padded to two: a symbolic size of 1 would be specialised on (a second graph).
         return (min(max(rows, 2), self.capacity), columns) if kv_len <= columns else None
 
@@ -293,8 +301,9 @@ class StepCompiler:
         start = time.perf_counter()
         try:
             # Freezing folds the weights into the graph only if dynamo records them as the model's parameters.
-            with torch._dynamo.config.patch(prepare_freezing=True):
-                self._warm(self.forward, (self.capacity, min(2 * KV_STEP, self.max_len - 1)))
+            # No duck shaping: rows and blocks equal when the graph is traced (4 and 4) must not become one symbol.
+            with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):
+                self._warm(self.forward, (self.capacity, min(2 * self.column_step, self.max_columns)))
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
             self.fail(exc, "compiling the decode step failed")
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from batching.engine.blocks import PoolUsage
 from batching.engine.mask_view import StepMask
 from batching.engine.request import FinishReason
 
@@ -35,6 +36,8 @@ class FinishedEvent:
     finished: float
     slot: int | None
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted (not computed)
+    preemptions: int = 0  # times it was preempted and its tokens computed again
 
     @property
     def output_tokens(self) -> int:
@@ -57,6 +60,36 @@ class FinishedEvent:
         if self.first_token is None or self.output_tokens < 2:
             return None
         return (self.finished - self.first_token) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True)
+class PreemptedEvent:
+    """A running request gave its KV blocks back because a running request needed one and none was free: it waits
+    again, and its `recompute` tokens so far (prompt and answer) are computed again when it returns."""
+
+    request_id: str
+    time: float
+    recompute: int
+    slot: int | None
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """The KV block pool after a step: its blocks by state, the positions holding tokens, and (with step detail)
+    each running request's block table."""
+
+    block_size: int
+    usage: PoolUsage
+    tokens: int  # positions of running requests' caches holding a token (a static wave's padding included)
+    tables: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    preemptions: int = 0  # so far, this batcher
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache so far
+    prefix_hits: int = 0  # of those, found cached
+
+    @property
+    def reserved(self) -> int:
+        """Positions held by requests (whole blocks), whether or not a token is in them yet."""
+        return self.usage.in_use * self.block_size
 
 
 class RowKind(enum.Enum):
@@ -109,6 +142,7 @@ class StepEvent:
     token_budget: int = 0  # the scheduler's max tokens per step (0: unknown)
     mask: StepMask | None = None  # None when the batcher does not record step detail
     compiled: bool = False  # ran through the compiled graph (a decode step once the graph is made), else eager
+    memory: MemoryView | None = None  # the block pool after the step
 
     @property
     def active(self) -> int:
@@ -116,4 +150,4 @@ class StepEvent:
         return sum(1 for request_id in self.slots if request_id is not None) - len(self.idle_held)
 
 
-Event = TokenEvent | FinishedEvent | StepEvent
+Event = TokenEvent | FinishedEvent | StepEvent | PreemptedEvent

@@ -1,11 +1,16 @@
-"""The KV cache: one preallocated tensor pair per layer, one row per running request, owned here and nowhere else.
+"""The KV cache: every layer's keys and values in blocks, read and written through the block pool's tables.
+
+Each attention layer holds one tensor pair shaped `[kv_heads, blocks + 1, block_size, head_dim]`; block `b` of
+the pool (`blocks.BlockPool`) is `b` in every layer, and the extra last block is scratch: the rows a compiled step
+pads with write there, and table entries past a row's blocks point there (masked out). A step's new keys and
+values are written at their *slots* (`block * block_size + offset`), and attention gathers each row's blocks in
+table order (`gather_blocks`), so a request's memory grows a block at a time wherever blocks are free.
 
 Slot and row are different numbers on purpose. A request's *slot* is its place in the batch, fixed from
-admission to release (what the page draws). Its *row* is where its keys and values sit in this cache: rows in
-use are always the contiguous prefix `[0, active_rows)`, so attention reads a view of the cache, never a
-gathered copy. Freeing a row moves the last row into the hole (the work is one request's keys and values), so
-a request's row can change when another one finishes. Each row keeps its own length; columns that hold padding
-are marked blocked and masked out.
+admission to release (what the page draws). Its *row* is its place in a step's packed batch: rows in use are the
+contiguous prefix `[0, active_rows)`; freeing a row moves the last row's bookkeeping (its length and padding, a
+few integers) into the hole, never its keys and values. Columns are positions in a row's own sequence, left
+padding (a static wave's) included: the first `padding[row]` columns are padding, masked out.
 """
 
 from __future__ import annotations
@@ -15,32 +20,42 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from batching.engine.blocks import BlockPool
+
 
 @dataclass
 class StepPlan:
-    """Where this step's new keys and values go (one row and column per new token), set by the runner."""
+    """Where this step's new keys and values go (one slot per new token) and which blocks each row reads, set by
+    the runner."""
 
-    row_index: torch.Tensor  # [tokens]
-    write_columns: torch.Tensor  # [tokens]
+    slots: torch.Tensor  # [tokens]: block * block_size + offset
+    write_columns: torch.Tensor  # [tokens]: each token's column in its own row
+    tables: torch.Tensor  # [rows, blocks]: each row's blocks in order, as many as the step's longest row needs
 
 
-class SlotLayer(CacheLayerMixin):
-    """One attention layer's keys and values for every slot: `[slots, kv_heads, max_len, head_dim]`."""
+def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """Rows' blocks in table order: `[kv_heads, blocks, size, dim]` by `[rows, n]` -> `[kv_heads, rows, n * size,
+    dim]` (one copy; the rows' columns then lie contiguous, as attention's batched matmuls want them)."""
+    heads, _, size, dim = pool.shape
+    rows, count = tables.shape
+    return pool.index_select(1, tables.reshape(-1)).view(heads, rows, count * size, dim)
+
+
+class PagedLayer(CacheLayerMixin):
+    """One attention layer's keys and values for the whole pool, plus the scratch block."""
 
     keys: torch.Tensor  # allocated on the first forward pass, before any read
     values: torch.Tensor
 
-    def __init__(self, owner: SlotKVCache) -> None:
+    def __init__(self, owner: PagedKVCache) -> None:
         super().__init__()
         self.owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         # Allocated on the first forward pass, on the device and dtype of this layer (accelerate may spread layers).
-        shape = (self.owner.capacity, key_states.shape[1], self.owner.max_len, key_states.shape[3])
-        self.keys = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
-        self.values = torch.zeros(
-            (*shape[:3], value_states.shape[3]), dtype=value_states.dtype, device=value_states.device
-        )
+        shape = (key_states.shape[1], self.owner.pool.num_blocks + 1, self.owner.pool.block_size)
+        self.keys = torch.zeros((*shape, key_states.shape[3]), dtype=key_states.dtype, device=key_states.device)
+        self.values = torch.zeros((*shape, value_states.shape[3]), dtype=value_states.dtype, device=value_states.device)
         self.is_initialized = True
 
     def update(
@@ -48,19 +63,16 @@ class SlotLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        plan = self.owner.plan
-        rows = plan.row_index.to(self.keys.device)
-        columns = plan.write_columns.to(self.keys.device)
-        # New states arrive packed, [1, kv_heads, tokens, dim]; [rows, :, columns] addresses [tokens, kv_heads, dim].
-        self.keys[rows, :, columns] = key_states[0].transpose(0, 1).to(self.keys.dtype)
-        self.values[rows, :, columns] = value_states[0].transpose(0, 1).to(self.values.dtype)
-        # Attention picks each row's own view of these (see packed_attention): nothing is copied here.
-        return self.keys, self.values
-
-    def move_row(self, source: int, target: int, length: int) -> None:
-        if self.is_initialized:
-            self.keys[target, :, :length] = self.keys[source, :, :length]
-            self.values[target, :, :length] = self.values[source, :, :length]
+        slots = self.owner.plan.slots.to(self.keys.device)
+        heads, blocks, size = self.keys.shape[:3]
+        # New states arrive packed, [1, kv_heads, tokens, dim]: token i goes to slot slots[i] of every head.
+        self.keys.view(heads, blocks * size, -1)[:, slots] = key_states[0].to(self.keys.dtype)
+        self.values.view(heads, blocks * size, -1)[:, slots] = value_states[0].to(self.values.dtype)
+        # Each row's blocks gathered in order: `[rows, kv_heads, blocks * size, dim]`, what a batch cache returns, so
+        # models that transform what the cache gives back (MLA expands its latents) work unchanged. A view of a
+        # heads-first copy: attention's batched matmuls take it heads-first without copying again.
+        tables = self.owner.plan.tables.to(self.keys.device)
+        return gather_blocks(self.keys, tables).transpose(0, 1), gather_blocks(self.values, tables).transpose(0, 1)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.max_len, 0
@@ -77,25 +89,29 @@ class SlotLayer(CacheLayerMixin):
         return self.owner.max_len
 
 
-class SlotKVCache(Cache):
-    """Keys and values of every running request, a row each, with each row's length and padding."""
+class PagedKVCache(Cache):
+    """Keys and values of every running request in the pool's blocks, with each row's length and padding."""
 
-    def __init__(self, num_layers: int, capacity: int, max_len: int, device: torch.device) -> None:
+    def __init__(self, num_layers: int, capacity: int, max_len: int, pool: BlockPool, device: torch.device) -> None:
         self.capacity = capacity
         self.max_len = max_len
+        self.pool = pool
         self.device = device
+        self.scratch_block = pool.num_blocks  # the block past the pool's: written by padding rows, never read
         self.lengths: list[int] = [0] * capacity
         self.padding: list[int] = [0] * capacity
-        self.blocked = torch.zeros((capacity, max_len), dtype=torch.bool, device=device)
         self.active_rows = 0
         self._row_of: dict[str, int] = {}
         self._owner_of: list[str | None] = [None] * capacity
-        self.plan = StepPlan(row_index=torch.zeros(0, dtype=torch.long), write_columns=torch.zeros(0, dtype=torch.long))
-        self.slot_layers = [SlotLayer(self) for _ in range(num_layers)]  # the same objects as `layers`, typed
-        super().__init__(layers=list(self.slot_layers))
+        empty = torch.zeros(0, dtype=torch.long)
+        self.plan = StepPlan(slots=empty, write_columns=empty, tables=empty.view(0, 0))
+        self.paged_layers = [PagedLayer(self) for _ in range(num_layers)]  # the same objects as `layers`, typed
+        super().__init__(layers=list(self.paged_layers))
 
-    def claim(self, request_id: str) -> int:
-        """Give a request the next free row."""
+    # --- rows ---------------------------------------------------------------------------------------------
+    def claim(self, request_id: str, computed: int = 0) -> int:
+        """Give a request the next free row; its first `computed` columns are there already (a prefix hit's blocks,
+        which the pool's table for it lists)."""
         if request_id in self._row_of:
             raise ValueError(f"request {request_id!r} already holds cache row {self._row_of[request_id]}")
         if self.active_rows >= self.capacity:
@@ -104,31 +120,23 @@ class SlotKVCache(Cache):
         self.active_rows += 1
         self._row_of[request_id] = row
         self._owner_of[row] = request_id
-        self.lengths[row] = 0  # a free row's padding was cleared when it was released
+        self.lengths[row] = computed
+        self.padding[row] = 0
         return row
 
-    @torch.inference_mode()
     def release(self, request_id: str) -> None:
-        """Free a request's row; the last row moves into the hole so rows in use stay contiguous."""
+        """Free a request's row and blocks; the last row's bookkeeping moves into the hole (no keys move)."""
         row = self._row_of.pop(request_id)
+        self.pool.free(request_id)
         last = self.active_rows - 1
         if row != last:
             moved = self._owner_of[last]
-            length = self.lengths[last]
-            for layer in self.slot_layers:
-                layer.move_row(last, row, length)
-            self.lengths[row] = length
-            if self.padding[last] or self.padding[row]:
-                self.blocked[row] = self.blocked[last]
-            self.padding[row] = self.padding[last]
             assert moved is not None, "every row below active_rows has an owner"
+            self.lengths[row], self.padding[row] = self.lengths[last], self.padding[last]
             self._owner_of[row] = moved
             self._row_of[moved] = row
         self._owner_of[last] = None
-        self.lengths[last] = 0
-        if self.padding[last]:
-            self.blocked[last].zero_()
-            self.padding[last] = 0
+        self.lengths[last] = self.padding[last] = 0
         self.active_rows -= 1
 
     def row_of(self, request_id: str) -> int:
@@ -141,26 +149,50 @@ class SlotKVCache(Cache):
         """The request in each row in use, in row order."""
         return self._owner_of[: self.active_rows]
 
-    @torch.inference_mode()
+    @property
+    def held_requests(self) -> tuple[str, ...]:
+        return tuple(self._row_of)
+
     def mark_padding(self, row: int, columns: int) -> None:
         """The first `columns` positions of a row hold left padding: never attend to them."""
-        self.blocked[row, :columns] = True
         self.padding[row] = columns
 
     def position_of_next(self, row: int) -> int:
         """The position id of the row's next token (padding does not count)."""
         return self.lengths[row] - self.padding[row]
 
-    def request_view(self, request_id: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One request's cached keys and values in one layer (a view; for inspection and tests)."""
-        row = self._row_of[request_id]
-        cached = self.slot_layers[layer]
-        return cached.keys[row, :, : self.lengths[row]], cached.values[row, :, : self.lengths[row]]
+    # --- blocks ---------------------------------------------------------------------------------------------
+    def slots(self, row: int, start: int, count: int) -> list[int]:
+        """The pool slots of columns `[start, start + count)` of a row, taking blocks it lacks (the scheduler took
+        them already in a batcher's step; a runner driven directly takes them here)."""
+        owner = self._owner_of[row]
+        if owner is None or not self.pool.grow(owner, start + count):
+            raise ValueError(f"row {row} needs blocks for {start + count} tokens; the pool has too few left")
+        table, size = self.pool.tables[owner], self.pool.block_size
+        return [table[column // size] * size + column % size for column in range(start, start + count)]
 
-    @property
-    def held_requests(self) -> tuple[str, ...]:
-        return tuple(self._row_of)
+    def tables(self, rows: int, blocks: int) -> list[list[int]]:
+        """The first `blocks` entries of rows `[0, rows)`' tables, the scratch block past a table's end (and for
+        rows in a padded step that no request holds)."""
+        tables = []
+        for row in range(rows):
+            owner = self._owner_of[row] if row < self.active_rows else None
+            table = self.pool.tables.get(owner, [])[:blocks] if owner is not None else []
+            tables.append(table + [self.scratch_block] * (blocks - len(table)))
+        return tables
+
+    def request_view(self, request_id: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One request's cached keys and values in one layer, `[kv_heads, length, dim]` (a copy; for inspection)."""
+        row = self._row_of[request_id]
+        cached = self.paged_layers[layer]
+        length = self.lengths[row]
+        blocks = self.pool.blocks_for(length)
+        tables = torch.tensor(self.tables(row + 1, blocks)[row : row + 1], device=cached.keys.device)
+        return (
+            gather_blocks(cached.keys, tables)[:, 0, :length],
+            gather_blocks(cached.values, tables)[:, 0, :length],
+        )
 
     def storage_pointers(self) -> list[int]:
         """Addresses of every layer's tensors: they never change once allocated."""
-        return [t.data_ptr() for layer in self.slot_layers if layer.is_initialized for t in (layer.keys, layer.values)]
+        return [t.data_ptr() for layer in self.paged_layers if layer.is_initialized for t in (layer.keys, layer.values)]

@@ -65,7 +65,7 @@ def describe_step(
 ) -> StepMask:
     """The runner's step, from its plan and what the plan was built from: `singles` (row, packed index), each
     row's first new column and its padding columns (read before the step writes). A few integers per row."""
-    kv_len = 1 if plan.single_mask is None else int(plan.single_mask.allowed.shape[-1])
+    kv_len = plan.single_kv_len
     placed = [(index, MaskRow(row, first_columns[row], 1, kv_len, padding[row], True)) for row, index in singles]
     placed += [
         (

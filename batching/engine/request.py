@@ -53,7 +53,10 @@ class Request:
     state: RequestState = RequestState.WAITING
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
-    prefilled: int = 0
+    prefilled: int = 0  # tokens of `prefill_ids` whose keys and values are in the cache
+    recomputed: int = 0  # output tokens folded back into the prompt by the last preemption (computed again)
+    preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
     slot: int | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -67,8 +70,21 @@ class Request:
         return self.state is RequestState.FINISHED
 
     @property
+    def prefill_ids(self) -> list[int]:
+        """What a prefill computes: the prompt, and after a preemption the tokens generated before it too."""
+        return self.prompt_ids + self.output_ids[: self.recomputed] if self.recomputed else self.prompt_ids
+
+    @property
     def remaining_prefill(self) -> int:
-        return len(self.prompt_ids) - self.prefilled
+        return len(self.prompt_ids) + self.recomputed - self.prefilled
+
+    def preempt(self) -> None:
+        """Back to waiting with no cache: its tokens so far become the prompt it computes again when it returns."""
+        self.state = RequestState.WAITING
+        self.prefilled = 0
+        self.recomputed = len(self.output_ids)
+        self.preemptions += 1
+        self.slot = None
 
     @property
     def all_ids(self) -> list[int]:

@@ -1,4 +1,4 @@
-"""Turn "these rows get these new tokens" into one forward pass of a transformers model over the slot cache."""
+"""Turn "these rows get these new tokens" into one forward pass of a transformers model over the paged cache."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import torch
 from transformers import PreTrainedModel
 
 from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, RowMask, use_packed_attention
+from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
 from batching.engine.compiled import Bucket, StepCompiler, step_compiler
-from batching.engine.kv_cache import SlotKVCache, StepPlan
+from batching.engine.kv_cache import PagedKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_step, layer_windows
 from batching.engine.model_support import check_supported
 
@@ -26,12 +27,13 @@ class ModelRunner:
     head runs only on each row's last new token.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913  (the cache's shape, the model's padding, and how steps run)
         self,
         model: PreTrainedModel,
         capacity: int,
         max_len: int,
         pad_token_id: int,
+        pool: BlockPool | None = None,
         max_position: int | None = None,
         compile_steps: bool = False,
         compile_autotune: bool = True,
@@ -45,20 +47,20 @@ class ModelRunner:
         self.max_position = max_len - 1 if max_position is None else max_position
         self.pad_token_id = pad_token_id
         num_layers = model.config.get_text_config().num_hidden_layers
+        # Without a pool of its own choosing, every row gets its whole `max_len` (a slot cache's memory).
+        pool = pool or BlockPool(capacity * -(-max_len // DEFAULT_BLOCK_SIZE), DEFAULT_BLOCK_SIZE, prefix_caching=False)
         # Inference tensors whoever builds the runner: a compiled step's guards check it, and the scratch runner
         # that makes the graphs is built in inference mode.
         with torch.inference_mode():
-            self.cache = SlotKVCache(num_layers, capacity, max_len, self.device)
-            self._columns = torch.arange(max_len, device=self.device)
-            self._row_range = torch.arange(capacity, device=self.device)
+            self.cache = PagedKVCache(num_layers, capacity, max_len, pool, self.device)
             # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
             self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
         self.compiled_steps = 0  # decode steps the compiled graph answered: what shows it served them
         if compile_steps:
             # A weak reference: the compiler is a value of a weak dictionary keyed by this model.
-            warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id)
-            self.compiler = step_compiler(model, capacity, max_len, compile_autotune, warm)
+            warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id, pool.block_size)
+            self.compiler = step_compiler(model, capacity, max_len, pool.block_size, compile_autotune, warm)
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None
@@ -66,12 +68,12 @@ class ModelRunner:
         self.windows = layer_windows(model)
 
     # --- cache rows: the runner is the only way into the cache -------------------------------------------------
-    def claim(self, request_id: str) -> int:
-        """Give a request the next free cache row."""
-        return self.cache.claim(request_id)
+    def claim(self, request_id: str, computed: int = 0) -> int:
+        """Give a request the next free cache row; its first `computed` tokens are in its blocks already."""
+        return self.cache.claim(request_id, computed)
 
     def release(self, request_id: str) -> None:
-        """Free a request's row (the last row moves into it)."""
+        """Free a request's row and blocks (the last row's bookkeeping moves into it)."""
         self.cache.release(request_id)
 
     def row_owners(self) -> list[str]:
@@ -96,7 +98,7 @@ class ModelRunner:
 
         input_ids: list[int] = []
         positions: list[int] = []
-        write_rows: list[int] = []
+        write_slots: list[int] = []
         write_columns: list[int] = []
         last_token: list[int] = []
         singles: list[tuple[int, int]] = []  # (row, packed index)
@@ -109,7 +111,7 @@ class ModelRunner:
             packed_start = len(input_ids)
             input_ids.extend(tokens)
             positions.extend(min(max(0, position + j), self.max_position) for j in range(count))
-            write_rows.extend([row] * count)
+            write_slots.extend(cache.slots(row, start, count))
             write_columns.extend(range(start, start + count))
             last_token.append(max(packed_start + count - 1, 0))
             if count == 1:
@@ -120,9 +122,9 @@ class ModelRunner:
             raise ValueError("no row has a new token this step")
         self.last_compiled = False
         if len(singles) == rows and not chunks:
-            logits = self._decode(input_ids, positions)
+            logits = self._decode(input_ids, positions, write_slots)
         else:
-            logits = self._packed(input_ids, positions, write_rows, write_columns, last_token, singles, chunks)
+            logits = self._packed(input_ids, positions, write_slots, write_columns, last_token, singles, chunks)
         for row, tokens in enumerate(row_tokens):
             cache.lengths[row] += len(tokens)
         return logits
@@ -131,7 +133,7 @@ class ModelRunner:
         self,
         input_ids: list[int],
         positions: list[int],
-        write_rows: list[int],
+        write_slots: list[int],
         write_columns: list[int],
         last_token: list[int],
         singles: list[tuple[int, int]],
@@ -140,11 +142,14 @@ class ModelRunner:
         """A step with prompt chunks: every row's new tokens packed into one sequence, always eager."""
         cache, rows = self.cache, len(last_token)
         device = self.device
+        reach = [cache.lengths[row] + 1 for row, _ in singles] + [cache.lengths[r] + e - s for r, s, e in chunks]
+        blocks = cache.pool.blocks_for(max(reach))
         cache.plan = StepPlan(
-            row_index=torch.tensor(write_rows, device=device),
+            slots=torch.tensor(write_slots, device=device),
             write_columns=torch.tensor(write_columns, device=device),
+            tables=torch.tensor(cache.tables(rows, blocks), device=device),
         )
-        plan = self._plan(rows, len(input_ids), singles, chunks)
+        plan = self._plan(rows, len(input_ids), singles, chunks, blocks * cache.pool.block_size)
         if self.describe_masks:
             self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
         output = self.model(
@@ -158,7 +163,7 @@ class ModelRunner:
         )
         return output.logits[0].float()
 
-    def _decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+    def _decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
         """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile)."""
         compiler = self.compiler
         if compiler is not None:
@@ -166,7 +171,7 @@ class ModelRunner:
             step = compiler.step() if bucket is not None else None
             if step is not None:
                 try:
-                    logits = self._decode_with(tokens, positions, step, bucket)
+                    logits = self._decode_with(tokens, positions, slots, step, bucket)
                 except Exception as exc:  # e.g. a guard failed and dynamo could not re-trace: no request pays for it
                     # Rerunning eager is safe: the cache's lengths move only after a step, and its writes repeat.
                     compiler.fail(exc, "a compiled decode step failed")
@@ -174,49 +179,49 @@ class ModelRunner:
                     self.compiled_steps += 1
                     self.last_compiled = True
                     return logits
-        return self._decode_with(tokens, positions, None, None)
+        return self._decode_with(tokens, positions, slots, None, None)
 
     def _decode_with(
         self,
         tokens: list[int],
         positions: list[int],
+        slots: list[int],
         step: Callable[..., object] | None,
         bucket: Bucket | None,
         trace: bool = False,
     ) -> torch.Tensor:
         """A step where every row decodes one token.
 
-        Eager, rows and cached columns are exact. Compiled, rows are padded to the bucket's (the padding rows are
-        free cache rows: they write their column 0 and attend to it alone) and the columns rounded up to the
-        bucket's, which the graph keeps symbolic.
+        Eager, rows are exact and each row reads as many blocks as the longest needs. Compiled, rows are padded to
+        the bucket's (the padding rows write to the scratch block and read it alone) and the columns rounded up to
+        the bucket's, which the graph keeps symbolic.
         """
         cache, rows = self.cache, len(tokens)
         padded_rows, padded_len = (rows, max(cache.lengths[:rows]) + 1) if step is None or bucket is None else bucket
         pad = padded_rows - rows
-        columns = cache.lengths[:rows] + [0] * pad
         device = self.device
+        columns = cache.lengths[:rows] + [0] * pad
         write_columns = torch.tensor(columns, device=device)
-        # A tensor of its own when compiled: the tracing step marks its rows symbolic (below), and the later steps
-        # pass their rows just as the graph was traced with them.
-        row_index = self._row_range[:padded_rows] if step is None else self._row_range[:padded_rows].clone()
-        cache.plan = StepPlan(row_index=row_index, write_columns=write_columns)
-        query_columns = write_columns[:, None]
-        allowed = self._columns[:padded_len] <= query_columns
-        if any(cache.padding[:rows]):
-            allowed[:rows] &= ~cache.blocked[:rows, :padded_len]
-        mask = RowMask(allowed[:, None, None, :], query_columns[:, None, None], self.model.dtype)
+        write_slots = torch.tensor(slots + [cache.scratch_block * cache.pool.block_size] * pad, device=device)
+        tables = torch.tensor(cache.tables(padded_rows, cache.pool.blocks_for(padded_len)), device=device)
+        cache.plan = StepPlan(slots=write_slots, write_columns=write_columns, tables=tables)
+        first = torch.tensor(cache.padding[:rows] + [0] * pad, device=device)
+        mask = RowMask(write_columns[:, None, None, None], first[:, None, None, None], self.model.dtype)
         input_ids = torch.tensor([tokens + [self.pad_token_id] * pad], device=device)
         position_ids = torch.tensor([positions + [0] * pad], device=device)
         if trace:
-            # Columns and (with more than two slots) rows stay symbolic: one graph for every decode step. With two
+            # Blocks and (with more than two slots) rows stay symbolic: one graph for every decode step. With two
             # slots or fewer every compiled step has all of them (one row is padded to two). Only the step that makes
             # the graph marks them (50 us a step): the graph's own guards accept every size of a symbolic dimension.
-            torch._dynamo.mark_dynamic(mask.allowed, 3)
+            torch._dynamo.mark_dynamic(tables, 1)
+            for layer in cache.paged_layers:  # any pool size: the scratch pool is smaller than a batcher's
+                torch._dynamo.mark_dynamic(layer.keys, 1)
+                torch._dynamo.mark_dynamic(layer.values, 1)
             if cache.capacity > 2:
-                by_row = [(input_ids, 1), (position_ids, 1), (row_index, 0), (write_columns, 0)]
-                for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.allowed, 0)]:
+                by_row = [(input_ids, 1), (position_ids, 1), (write_slots, 0), (write_columns, 0), (tables, 0)]
+                for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.first_columns, 0)]:
                     torch._dynamo.mark_dynamic(tensor, dim)
-        plan = PackedPlan(padded_rows, None, None, mask, [])
+        plan = PackedPlan(padded_rows, None, None, mask, [], tables.shape[1] * cache.pool.block_size)
         if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
             singles = [(row, row) for row in range(rows)]
             self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
@@ -233,42 +238,30 @@ class ModelRunner:
         return output.logits[0, :rows].float()
 
     def _plan(
-        self, rows: int, total: int, singles: list[tuple[int, int]], chunks: list[tuple[int, int, int]]
+        self, rows: int, total: int, singles: list[tuple[int, int]], chunks: list[tuple[int, int, int]], columns: int
     ) -> PackedPlan:
-        """Masks for this step: each query sees its own row's columns up to itself, never padding columns."""
-        cache, device = self.cache, self.device
-        padded = any(cache.padding[:rows])
+        """Masks and block tables for this step: each query sees its own row's columns up to itself, never padding
+        columns (rows outside the single-token group read their column 0 alone: no softmax row is empty)."""
+        cache, device, dtype = self.cache, self.device, self.model.dtype
         single_mask = single_rows = single_tokens = None
-        single_kv_len = 1
         if singles:
-            single_kv_len = max(cache.lengths[row] + 1 for row, _ in singles)
-            limit = [-1] * rows  # rows outside the group attend to column 0 only: no softmax row is empty
+            limit, first = [0] * rows, [0] * rows
             for row, _ in singles:
-                limit[row] = cache.lengths[row]
-            columns = self._columns[:single_kv_len]
-            query_columns = torch.tensor(limit, device=device)[:, None]
-            allowed = columns <= query_columns
-            if padded:
-                allowed &= ~cache.blocked[:rows, :single_kv_len]
-            allowed[:, 0] |= torch.tensor([value < 0 for value in limit], device=device)
-            single_mask = RowMask(allowed[:, None, None, :], query_columns[:, None, None], self.model.dtype)
-            in_order = len(singles) == rows and total == rows
-            if not in_order:
+                limit[row], first[row] = cache.lengths[row], cache.padding[row]
+            query_columns = torch.tensor(limit, device=device)[:, None, None, None]
+            first_columns = torch.tensor(first, device=device)[:, None, None, None]
+            single_mask = RowMask(query_columns, first_columns, dtype)
+            if not (len(singles) == rows and total == rows):
                 single_rows = torch.tensor([row for row, _ in singles], device=device)
                 single_tokens = torch.tensor([index for _, index in singles], device=device)
         chunk_plans = []
         for row, start, end in chunks:
-            first = cache.lengths[row]
-            kv_len = first + end - start
-            own = torch.arange(first, kv_len, device=device)[:, None]
-            columns = self._columns[:kv_len]
-            allowed = columns <= own
-            if cache.padding[row]:
-                allowed &= ~cache.blocked[row, :kv_len]
-                allowed |= columns == own  # a padding query attends to itself only
-            mask = RowMask(allowed[None, None], own[None, None], self.model.dtype)
+            first_new = cache.lengths[row]
+            kv_len = first_new + end - start
+            own = torch.arange(first_new, kv_len, device=device)[None, None, :, None]
+            mask = RowMask(own, torch.tensor(cache.padding[row], device=device).view(1, 1, 1, 1), dtype)
             chunk_plans.append(ChunkPlan(row, start, end, kv_len, mask))
-        return PackedPlan(rows, single_rows, single_tokens, single_mask, chunk_plans)
+        return PackedPlan(rows, single_rows, single_tokens, single_mask, chunk_plans, columns if singles else 1)
 
 
 @torch.inference_mode()
@@ -277,18 +270,22 @@ def _warm_bucket(
     capacity: int,
     max_len: int,
     pad_token_id: int,
+    block_size: int,
     forward: Callable[..., object],
     bucket: Bucket,
 ) -> None:
-    """Run one decode step of this shape through the compiled forward on a scratch runner with its own cache, so
-    the graph is made while the real batchers go on stepping on theirs."""
+    """Run one decode step of this shape through the compiled forward on a scratch runner with its own cache and
+    pool, so the graph is made while the real batchers go on stepping on theirs."""
     model = model_ref()
     if model is None:
         raise RuntimeError("the model was unloaded before its decode graph was made")
-    scratch = ModelRunner(model, capacity, max_len, pad_token_id)
     rows, columns = bucket
+    pool = BlockPool(rows * -(-columns // block_size), block_size, prefix_caching=False)
+    scratch = ModelRunner(model, capacity, max_len, pad_token_id, pool)
     for row in range(rows):
         scratch.claim(f"warm{row}")
+        pool.grow(f"warm{row}", columns)
     scratch.forward([[pad_token_id]] * rows)  # allocates the scratch cache, eager
     scratch.cache.lengths[:rows] = [columns - 1] * rows
-    scratch._decode_with([pad_token_id] * rows, [0] * rows, forward, bucket, trace=True)
+    slots = [scratch.cache.slots(row, columns - 1, 1)[0] for row in range(rows)]
+    scratch._decode_with([pad_token_id] * rows, [0] * rows, slots, forward, bucket, trace=True)

@@ -8,6 +8,13 @@ families differ here and nowhere else.
   to prompt chunks, so a long prompt is prefilled over several steps while the others keep decoding.
 - `StaticScheduler`: the baseline. Waves of `max_batch_size` in arrival order, prompts left-padded to the
   longest; a finished member keeps its slot (computing padding) until the wave's longest member is done.
+
+Both take KV memory from a block pool of the same size. Continuous batching takes blocks as tokens arrive: a
+waiting request joins only when its first chunk's blocks are free (after a prefix hit), and when a running request
+needs a block and none is left, the newest running request is preempted (vLLM V1's choice: its blocks are freed and
+it goes back to the front of the queue, its tokens so far to be computed again). Static batching reserves what
+`generate` does: every member of a wave holds room for the wave's longest prompt plus its largest cap from the
+start, so a tight pool makes waves smaller than the slot count.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from batching.engine.blocks import BlockPool
 from batching.engine.events import RowKind, StepRow
 from batching.engine.request import Request, RequestState
 
@@ -38,16 +46,20 @@ class WaitingQueue:
 
     def __init__(self, policy: str = "fcfs") -> None:
         self._key = POLICIES[check_policy(policy)]
-        self._heap: list[tuple[int, int, Request]] = []
+        self._heap: list[tuple[int, int, int, Request]] = []  # (0 pushed to the front, 1 not, key, order, _)
         self._order = itertools.count()
         self._cancelled: set[str] = set()
 
     def push(self, request: Request) -> None:
-        heapq.heappush(self._heap, (self._key(request), next(self._order), request))
+        heapq.heappush(self._heap, (1, self._key(request), next(self._order), request))
+
+    def push_front(self, request: Request) -> None:
+        """Put a request back at the head of the queue (it was preempted, or did not fit): it goes first."""
+        heapq.heappush(self._heap, (0, 0, -next(self._order), request))
 
     def pop(self) -> Request | None:
         while self._heap:
-            request = heapq.heappop(self._heap)[2]
+            request = heapq.heappop(self._heap)[3]
             if request.request_id in self._cancelled:
                 self._cancelled.discard(request.request_id)
                 continue
@@ -56,7 +68,7 @@ class WaitingQueue:
 
     def remove(self, request_id: str) -> Request | None:
         """Take a waiting request out (it was cancelled); None if it is not waiting."""
-        for _, _, request in self._heap:
+        for *_, request in self._heap:
             if request.request_id == request_id and request_id not in self._cancelled:
                 self._cancelled.add(request_id)
                 return request
@@ -121,37 +133,83 @@ class ScheduledBatch:
 
 
 class ContinuousScheduler:
-    """Up to `max_batch_size` requests at once, admitted in policy order (fcfs, shortest- or longest-first)."""
+    """Up to `max_batch_size` requests at once, admitted in policy order (fcfs, shortest- or longest-first) while
+    their blocks fit, preempting the newest when a running one needs a block and none is left."""
 
     mode = "continuous"
     holds_finished = False  # a finished request gives its slot back at once
 
-    def __init__(self, max_batched_tokens: int, policy: str = "fcfs") -> None:
+    def __init__(self, max_batched_tokens: int, pool: BlockPool, policy: str = "fcfs") -> None:
         self.max_batched_tokens = max_batched_tokens
+        self.pool = pool
         self.waiting = WaitingQueue(policy)
+        self._joined = itertools.count()
+        self._order: dict[str, int] = {}  # running requests' admission order: the newest is preempted first
+        self._preempted_now = False
 
-    def admit(self, free_slots: Sequence[int], running: int) -> list[tuple[Request, int]]:
-        """Fill every free slot from the waiting queue."""
-        return self.waiting.fill(free_slots)
+    def make_room(self, rows: Sequence[Request]) -> list[Request]:
+        """Make sure every running request can add a token this step, oldest first: while one cannot, the newest
+        running request is preempted (perhaps itself). Returns the preempted, their blocks already freed."""
+        pool, preempted = self.pool, []
+        live = sorted((r for r in rows if not r.is_finished), key=lambda r: self._order.get(r.request_id, 0))
+        while live:
+            request = live.pop(0)
+            # Taken now, so the next request's check counts it (a decode step's block; a chunk's first).
+            while not pool.grow(request.request_id, self._computed(request) + 1) and live:
+                preempted.append(self._preempt(live.pop()))
+            if pool.missing(request.request_id, self._computed(request) + 1):
+                preempted.append(self._preempt(request))  # it alone cannot go on: it waits for room
+        self._preempted_now = bool(preempted)
+        return preempted
+
+    def admit(self, free_slots: Sequence[int], running: Sequence[Request]) -> list[tuple[Request, int]]:
+        """Fill free slots from the waiting queue while each one's first chunk fits in free blocks (after its
+        cached prefix); none after a preemption this step, as vLLM does."""
+        if self._preempted_now:
+            return []
+        budget = self.max_batched_tokens - sum(self._wants(request) for request in running)
+        admitted = []
+        for slot in free_slots:
+            request = self.waiting.pop()
+            if request is None:
+                break
+            ids = request.prefill_ids
+            cached = self.pool.adopt_prefix(request.request_id, ids)
+            first_chunk = min(len(ids) - cached, max(budget, 1))
+            if not self.pool.grow(request.request_id, cached + first_chunk):
+                self.pool.free(request.request_id)  # its prefix's blocks go back to the cache
+                self.waiting.push_front(request)
+                break
+            request.prefilled = cached
+            budget -= first_chunk
+            self._order[request.request_id] = next(self._joined)
+            admitted.append((request, slot))
+        return admitted
 
     def schedule(self, rows: Sequence[Request]) -> ScheduledBatch:
-        budget = self.max_batched_tokens
+        """Decode rows one token each; what the budget has left goes to prompt chunks, earliest admitted first, as
+        far as free blocks go."""
+        budget, pool = self.max_batched_tokens, self.pool
         tokens: list[list[int]] = []
-        prefilling: list[tuple[float, int]] = []
+        prefilling: list[tuple[int, int]] = []
         for row, request in enumerate(rows):
             if request.state is RequestState.DECODING:
                 tokens.append([request.output_ids[-1]])
+                pool.grow(request.request_id, len(request.all_ids))  # room made by `make_room`
                 budget -= 1
             else:
                 tokens.append([])
-                prefilling.append((request.times.admitted or 0.0, row))
-        # Decode rows always run; what the budget has left goes to prompt chunks, earliest admitted first.
+                prefilling.append((self._order.get(request.request_id, 0), row))
         for _, row in sorted(prefilling):
             if budget <= 0:
                 break
             request = rows[row]
-            chunk = min(request.remaining_prefill, budget)
-            tokens[row] = request.prompt_ids[request.prefilled : request.prefilled + chunk]
+            room = (len(pool.tables.get(request.request_id, ())) + pool.available) * pool.block_size
+            chunk = min(request.remaining_prefill, budget, room - request.prefilled)
+            if chunk <= 0:
+                continue
+            pool.grow(request.request_id, request.prefilled + chunk)
+            tokens[row] = request.prefill_ids[request.prefilled : request.prefilled + chunk]
             budget -= chunk
         return ScheduledBatch(tuple(rows), tuple(tokens))
 
@@ -159,20 +217,63 @@ class ContinuousScheduler:
         """Who gives their slot back after a step: no one, since a finished request left as it finished."""
         return []
 
+    def forget(self, request: Request) -> None:
+        """The request left (finished or preempted)."""
+        self._order.pop(request.request_id, None)
+
+    def _preempt(self, request: Request) -> Request:
+        self.pool.free(request.request_id)
+        self.forget(request)
+        return request
+
+    def _wants(self, request: Request) -> int:
+        """Tokens of this step's budget a running request will take (decode: one; prefill: its next chunk)."""
+        if request.is_finished:
+            return 0
+        return 1 if request.state is RequestState.DECODING else min(request.remaining_prefill, self.max_batched_tokens)
+
+    @staticmethod
+    def _computed(request: Request) -> int:
+        """Positions of the request's cache in use (a decode step then writes its last token's)."""
+        return len(request.all_ids) - 1 if request.state is RequestState.DECODING else request.prefilled
+
 
 class StaticScheduler:
-    """Static batching as the original notebooks did it: fixed waves in arrival order."""
+    """Static batching as the original notebooks did it: fixed waves in arrival order, each member reserving the
+    wave's longest prompt plus its largest cap in blocks, as `generate` preallocates its cache."""
 
     mode = "static"
     holds_finished = True  # a finished member keeps its slot until the whole wave is done
 
-    def __init__(self, pad_token_id: int) -> None:
+    def __init__(self, pad_token_id: int, pool: BlockPool) -> None:
         self.pad_token_id = pad_token_id
+        self.pool = pool
         self.waiting = WaitingQueue("fcfs")  # waves always form in arrival order
 
-    def admit(self, free_slots: Sequence[int], running: int) -> list[tuple[Request, int]]:
-        """A new wave only once the last one has left every slot."""
-        return [] if running else self.waiting.fill(free_slots)
+    def make_room(self, rows: Sequence[Request]) -> list[Request]:
+        """Nothing to do: a wave's blocks were all reserved when it formed."""
+        return []
+
+    def admit(self, free_slots: Sequence[int], running: Sequence[Request]) -> list[tuple[Request, int]]:
+        """A new wave only once the last one has left every slot: members in arrival order while every member's
+        reservation (the wave's longest prompt + its largest cap, then held until the wave ends) fits the pool."""
+        if running:
+            return []
+        wave: list[tuple[Request, int]] = []
+        longest = largest = 0
+        for slot in free_slots:
+            request = self.waiting.pop()
+            if request is None:
+                break
+            reach = max(longest, len(request.prompt_ids)) + max(largest, request.max_new_tokens)
+            if wave and self.pool.blocks_for(reach) * (len(wave) + 1) > self.pool.available:
+                self.waiting.push_front(request)
+                break
+            longest, largest = max(longest, len(request.prompt_ids)), max(largest, request.max_new_tokens)
+            wave.append((request, slot))
+        for request, _ in wave:
+            self.pool.grow(request.request_id, longest + largest)
+        return wave
 
     def schedule(self, rows: Sequence[Request]) -> ScheduledBatch:
         pad = self.pad_token_id
@@ -189,6 +290,9 @@ class StaticScheduler:
         """Who gives their slot back after a step: the whole wave, once every member is done."""
         wave_over = bool(running) and all(request.is_finished for request in running)
         return list(running) if wave_over else []
+
+    def forget(self, request: Request) -> None:
+        """The request left."""
 
 
 Scheduler = ContinuousScheduler | StaticScheduler

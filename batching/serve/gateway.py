@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batching.engine.batcher import BatcherOptions
-from batching.engine.events import Event, FinishedEvent, StepEvent
+from batching.engine.events import Event, FinishedEvent, PreemptedEvent, StepEvent
 from batching.engine.params import RequestParams
 from batching.serve.metrics import ApiMetrics
 from batching.service import BatcherLoad, EngineClient, Session, Submitted
@@ -85,6 +85,8 @@ class Gateway:
         if isinstance(event, StepEvent):
             self.metrics.observe_step(event)
             return
+        if isinstance(event, PreemptedEvent):
+            return  # counted from the steps' memory view; the stream waits for its request's next token
         with self._lock:
             target = self._streams.get(event.request_id)
         if isinstance(event, FinishedEvent):
