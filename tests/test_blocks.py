@@ -47,7 +47,7 @@ def test_full_blocks_are_hashed_by_their_parent_and_tokens_and_a_prefix_hit_shar
     assert [pool.refs(block) for block in pool.tables["a"]] == [2, 2, 1]
     assert pool.usage().shared == 2
     # A prompt that differs in its second block shares only the first: the hash chains through the parent.
-    other = prompt[:4] + [1, 2, 3, 4] + prompt[8:]
+    other = [*prompt[:4], 1, 2, 3, 4, *prompt[8:]]
     assert pool.adopt_prefix("c", other) == 4
     assert pool.prefix_queries == 33 and pool.prefix_hits == 12
     pool.check()

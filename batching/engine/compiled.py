@@ -302,7 +302,7 @@ class StepCompiler:
         try:
             # Freezing folds the weights into the graph only if dynamo records them as the model's parameters.
             # No duck shaping: rows and blocks equal when the graph is traced (4 and 4) must not become one symbol.
-            with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):
+            with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
                 self._warm(self.forward, (self.capacity, min(2 * self.column_step, self.max_columns)))
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
             self.fail(exc, "compiling the decode step failed")
