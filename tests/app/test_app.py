@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
@@ -35,14 +34,6 @@ from utils.plain_text import card_heading_html
 APP = str(ROOT / "streamlit_app.py")
 VIEWS = {"race": "app/views/race.py", "shared": "app/views/shared.py", "remote": "app/views/remote.py"}
 CAP = 8  # the default cap in these tests: short answers keep runs fast
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _keep_torch_threads() -> Iterator[None]:
-    """The app runs a small model on one torch thread (process-wide); give other test modules theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -5,11 +5,9 @@ and comparisons that warm the server up first and alternate which mode runs firs
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from streamlit.testing.v1 import AppTest
 
 from batching.remote import WARM_UP_TOKENS
@@ -18,13 +16,6 @@ from tests.serve.helpers import our_server, served
 from utils.metrics import summarize
 
 APP = str(ROOT / "streamlit_app.py")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _keep_torch_threads() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
