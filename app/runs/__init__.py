@@ -3,10 +3,40 @@ started it: each view keeps its run under a session-state key of its own (`KEY` 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import asdict
+from typing import Protocol
 
 from app.frame import Frame
 from batching.arrivals import Schedule
+
+
+class FollowedRun(Protocol):
+    """A run's live view (`LiveRun`, `RaceRun`): done once every answer is in or it was stopped."""
+
+    stopped: bool
+
+    @property
+    def done(self) -> bool: ...
+
+
+class ViewRunBase(ABC):
+    """What every view's run does alike (`app.frame.ViewRun`): it runs until its live view is done, and is stopped
+    when the person leaves the view, unless it is over or already stopped."""
+
+    run: FollowedRun
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop the live view and what it sent."""
+
+    @property
+    def running(self) -> bool:
+        return not self.run.done
+
+    def let_go(self) -> None:
+        if self.running and not self.run.stopped:
+            self.stop()
 
 
 def engine_setup(frame: Frame, run: str, compare: bool, pause_ms: int, schedule: Schedule) -> dict:

@@ -10,14 +10,14 @@ import streamlit as st
 from app.frame import Frame
 from app.prompt_queue import PromptQueue
 from app.race_view import RaceRun
-from app.runs import engine_setup
+from app.runs import ViewRunBase, engine_setup
 from batching.service import RaceHandle
 
 KEY = "race_run"
 
 
 @dataclass
-class RaceViewRun:
+class RaceViewRun(ViewRunBase):
     """The race the race view started: both lanes' view of it, its handle in the engine, the queue items in it
     (prompts added since join both lanes), its slow motion now, and what it was asked to do (for the export)."""
 
@@ -27,18 +27,10 @@ class RaceViewRun:
     pause_ms: int
     setup: dict
 
-    @property
-    def running(self) -> bool:
-        return not self.run.done
-
     def stop(self) -> None:
         """Prompts yet to arrive on a lane will not; the engine cancels both lanes' running requests."""
         self.run.stop()
         self.handle.stop()
-
-    def let_go(self) -> None:
-        if self.running and not self.run.stopped:
-            self.stop()
 
     def follow(self, frame: Frame, queue: PromptQueue, pause_ms: int) -> None:
         """Prompts added since join both lanes at the same clock time; a new slow motion applies now."""

@@ -13,6 +13,7 @@ from streamlit.delta_generator import DeltaGenerator
 from app.frame import Frame
 from app.live_run import LiveRun
 from app.prompt_queue import PromptQueue
+from app.runs import ViewRunBase
 from app.sidebar import RemoteChoice
 from app.streaming import join_new_items
 from batching.remote import MODES, WARM_UP_QUESTION, Mode, RemoteError, RemoteRun, RunSetup, warm_up
@@ -21,7 +22,7 @@ KEY = "remote_run"
 
 
 @dataclass
-class RemoteViewRun:
+class RemoteViewRun(ViewRunBase):
     """The run the remote view started: its live view, the live pass on the server, the queue items in it, what it
     was asked to do (for the export), and the second pass in the other mode once it has started."""
 
@@ -32,18 +33,10 @@ class RemoteViewRun:
     second: RemoteRun | None = None
     second_labels: dict[str, str] = field(default_factory=dict)  # the second pass's request ids -> #n
 
-    @property
-    def running(self) -> bool:
-        return not self.run.done
-
     def stop(self) -> None:
         """Planned prompts are dropped here; the requests on their way are cut."""
         self.run.stop()
         self.live.cancel_all()
-
-    def let_go(self) -> None:
-        if self.running and not self.run.stopped:
-            self.stop()
 
     def join(self, queue: PromptQueue, formatted: Callable[[str], str]) -> None:
         """Prompts queued since the run started join the live pass at once."""

@@ -13,7 +13,7 @@ from streamlit.delta_generator import DeltaGenerator
 from app.frame import Frame
 from app.live_run import REPLAY_ORDER, LiveRun
 from app.prompt_queue import PromptQueue
-from app.runs import engine_setup
+from app.runs import ViewRunBase, engine_setup
 from app.streaming import join_new_items
 from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent
@@ -23,7 +23,7 @@ KEY = "shared_run"
 
 
 @dataclass
-class SharedViewRun:
+class SharedViewRun(ViewRunBase):
     """The run the shared engine view started: its live view, this tab's session on the shared batcher, the queue
     items in it (prompts added since join it), and what it was asked to do (for the export)."""
 
@@ -32,18 +32,10 @@ class SharedViewRun:
     items: set[int]
     setup: dict
 
-    @property
-    def running(self) -> bool:
-        return not self.run.done
-
     def stop(self) -> None:
         """Planned prompts are dropped here; the engine cancels the ones it has."""
         self.run.stop()
         self.session.cancel_all()
-
-    def let_go(self) -> None:
-        if self.running and not self.run.stopped:
-            self.stop()
 
     def join(self, queue: PromptQueue, formatted: Callable[[str], str]) -> None:
         """Prompts queued since the run started join it at once: the shared engine keeps going."""

@@ -18,7 +18,8 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
-from batching.arrivals import AT_ONCE, ArrivalDriver, Schedule
+from batching.arrivals import AT_ONCE, Schedule
+from batching.bench.peer_loop import RequestLoop, request_id
 from batching.engine.detokenizer import decode_text
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.request import FinishReason
@@ -120,7 +121,7 @@ class HFPeer:
     ) -> tuple[RunRecord, list[int]]:
         """Submit the prompts on `schedule`, wait for all; return the run as events and each step's longest sequence."""
         eos = -1 if ignore_eos or not self.eos_ids else self.eos_ids
-        ids = [f"q{index}" for index in range(len(prompts))]
+        ids = [request_id(index) for index in range(len(prompts))]
         prompt_of = dict(zip(ids, prompts, strict=True))
         cap_of = dict(zip(ids, caps, strict=True))
         arrival_of: dict[str, float] = {}
@@ -135,34 +136,23 @@ class HFPeer:
                 eos_token_id=eos,
             )
 
-        first_step = len(self._steps)
-        driver = ArrivalDriver(schedule, submit, clock=self.clock)
-        record = RunRecord(mode=mode, start=driver.start(), slots=self.batch_size)
-        results: dict[str, GenerationOutput] = {}
-        while len(results) < len(ids):
-            driver.release(len(self._steps) - first_step)
-            if driver.submitted == len(results) and not driver.done:
-                driver.wait_idle()
-                continue
+        def next_answer(all_sent: bool) -> FinishedEvent | None:
             result = self.manager.get_result(timeout=0.05 if schedule.kind == AT_ONCE else 0.001)
             if result is None:
                 if not self.manager.is_running():
                     raise RuntimeError("transformers' continuous batching thread stopped before finishing the run")
-                continue
-            if result.is_finished() and result.request_id in prompt_of:
-                results[result.request_id] = result
-                request_id = result.request_id
-                event = self._finished(
-                    result, cap_of[request_id], len(prompt_of[request_id]), arrival_of[request_id], eos
-                )
-                record.add(event)
-                if on_finished is not None:
-                    on_finished(event)
+                return None
+            if not result.is_finished() or result.request_id not in prompt_of:
+                return None
+            rid = result.request_id
+            return self._finished(result, cap_of[rid], len(prompt_of[rid]), arrival_of[rid], eos)
+
+        first_step = len(self._steps)
+        loop = RequestLoop(schedule, submit, lambda: len(self._steps), self.clock)
+        record = loop.run(mode, self.batch_size, next_answer, on_finished)
         record.end = self.clock()
         # The thread may still be inside its last step's bookkeeping: keep only steps that began in this run.
         raw = [step for step in self._steps[first_step:] if step.start >= record.start]
-        order = {request_id: index for index, request_id in enumerate(ids)}
-        record.finished.sort(key=lambda event: order[event.request_id])
         kv_lens = []
         for index, step in enumerate(raw):
             record.add(self._step_event(index, step))

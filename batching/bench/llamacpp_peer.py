@@ -35,9 +35,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from batching.arrivals import PER_STEP, ArrivalDriver, Schedule
+from batching.arrivals import Schedule
 from batching.bench.gguf_convert import INSTALL_HINT
 from batching.bench.local_server import free_port
+from batching.bench.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.detokenizer import decode_text
 from batching.engine.events import FinishedEvent
 from batching.engine.request import FinishReason
@@ -221,30 +222,15 @@ class LlamaCppPeer:
             thread.start()
             threads.append(thread)
 
-        per_step = schedule.kind == PER_STEP
-        first_decode = self.decode_calls() if per_step else 0
-        driver = ArrivalDriver(schedule, submit, clock=self.clock)
-        record = RunRecord(mode=mode, start=driver.start(), slots=self.settings.slots)
-        done = 0
-        while done < len(prompts):
-            driver.release(self.decode_calls() - first_decode if per_step and not driver.done else 0)
-            if driver.submitted == done and not driver.done:
-                driver.wait_idle()
-                continue
-            try:
-                answer = answers.get(timeout=0.005 if not driver.done else 1.0)
-            except queue.Empty:
-                continue
-            done += 1
-            event = self._finished(answer, f"q{answer.index}", len(prompts[answer.index]), arrival_of[answer.index])
-            record.add(event)
-            if on_finished is not None:
-                on_finished(event)
+        def finished(answer: _Answer) -> FinishedEvent:
+            prompt_tokens = len(prompts[answer.index])
+            return self._finished(answer, request_id(answer.index), prompt_tokens, arrival_of[answer.index])
+
+        loop = RequestLoop(schedule, submit, self.decode_calls, self.clock)
+        record = loop.run(mode, self.settings.slots, from_queue(answers, finished), on_finished)
         record.end = max(event.finished for event in record.finished) if record.finished else self.clock()
         for thread in threads:
             thread.join()
-        order = {f"q{index}": index for index in range(len(prompts))}
-        record.finished.sort(key=lambda event: order[event.request_id])
         return record, []
 
     def warm_up(self, prompt: Sequence[int], max_new_tokens: int = 4) -> None:

@@ -193,7 +193,31 @@ def server_specs(
     """Every server on the same model folder, slots and token budget, CPU, one torch thread, nothing from a hub
     (vLLM only when its Python is given)."""
     common = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hf_cache)}
-    ours = ServerSpec(
+    specs = {
+        "batchscope": _our_spec(model, slots, max_batched_tokens, common),
+        "transformers": _transformers_spec(model, transformers_blocks(slots, load), max_batched_tokens, common),
+    }
+    if vllm_python is not None:
+        vllm = VllmSettings(
+            model=model,
+            slots=slots,
+            batch_tokens=max_batched_tokens,
+            max_model_len=request_pages(load) * PAGE_SIZE,  # the room transformers serve gets per request
+            threads=1,
+        )
+        specs["vllm"] = ServerSpec(
+            name="vllm",
+            command=tuple(server_command(vllm_python, vllm)),
+            env={**common, **vllm.env()},
+            ignore_eos_body={"ignore_eos": True},
+            startup_timeout_s=vllm_server.STARTUP_TIMEOUT_S,
+        )
+    return specs
+
+
+def _our_spec(model: str, slots: int, max_batched_tokens: int, common: dict[str, str]) -> ServerSpec:
+    """`python -m batching.serve` with `slots` slots and the token budget."""
+    return ServerSpec(
         name="batchscope",
         command=(
             sys.executable,
@@ -213,7 +237,11 @@ def server_specs(
         },
         ignore_eos_body={"ignore_eos": True},
     )
-    theirs = ServerSpec(
+
+
+def _transformers_spec(model: str, blocks: int, max_batched_tokens: int, common: dict[str, str]) -> ServerSpec:
+    """`transformers serve --continuous-batching` with `blocks` KV blocks and the token budget."""
+    return ServerSpec(
         name="transformers",
         command=(
             # the `transformers` command, run by this interpreter so both servers use the same packages
@@ -225,7 +253,7 @@ def server_specs(
             "--device",
             "cpu",
             "--cb-num-blocks",
-            str(transformers_blocks(slots, load)),
+            str(blocks),
             "--cb-max-batch-tokens",
             str(max_batched_tokens),
             "--host",
@@ -239,23 +267,6 @@ def server_specs(
         # generation config, whose eos_token_id it passes to each request
         ignore_eos_body={"generation_config": json.dumps({"eos_token_id": -1, "do_sample": False})},
     )
-    specs = {"batchscope": ours, "transformers": theirs}
-    if vllm_python is not None:
-        vllm = VllmSettings(
-            model=model,
-            slots=slots,
-            batch_tokens=max_batched_tokens,
-            max_model_len=request_pages(load) * PAGE_SIZE,  # the room transformers serve gets per request
-            threads=1,
-        )
-        specs["vllm"] = ServerSpec(
-            name="vllm",
-            command=tuple(server_command(vllm_python, vllm)),
-            env={**common, **vllm.env()},
-            ignore_eos_body={"ignore_eos": True},
-            startup_timeout_s=vllm_server.STARTUP_TIMEOUT_S,
-        )
-    return specs
 
 
 def scenario(target: str, model: str, tokenizer: Path, spec: ServerSpec, load: Load, profile: dict[str, Any]) -> dict:

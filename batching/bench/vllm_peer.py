@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx2
 
-from batching.arrivals import PER_STEP, ArrivalDriver, Schedule
+from batching.arrivals import Schedule
+from batching.bench.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.events import FinishedEvent
 from batching.engine.request import FinishReason
 from batching.remote.telemetry import read_samples
@@ -83,32 +84,16 @@ class VllmPeer:
 
             def submit(index: int, arrival: float) -> None:
                 body = self._body(prompts[index], caps[index], ignore_eos)
-                args = (client, f"q{index}", len(prompts[index]), body, arrival, finished)
+                args = (client, request_id(index), len(prompts[index]), body, arrival, finished)
                 thread = threading.Thread(target=self._complete, args=args, daemon=True)
                 thread.start()
                 threads.append(thread)
 
-            per_step = schedule.kind == PER_STEP
-            first_step = self.engine_steps() if per_step else 0
-            driver = ArrivalDriver(schedule, submit, clock=self.clock)
-            record = RunRecord(mode=mode, start=driver.start(), slots=self.slots)
-            while len(record.finished) < len(prompts):
-                driver.release(self.engine_steps() - first_step if per_step and not driver.done else 0)
-                if driver.submitted == len(record.finished) and not driver.done:
-                    driver.wait_idle()
-                    continue
-                try:
-                    event = finished.get(timeout=0.005 if not driver.done else 1.0)
-                except queue.Empty:
-                    continue
-                record.add(event)
-                if on_finished is not None:
-                    on_finished(event)
+            loop = RequestLoop(schedule, submit, self.engine_steps, self.clock)
+            record = loop.run(mode, self.slots, from_queue(finished, lambda event: event), on_finished)
             for thread in threads:
                 thread.join()
         record.end = max(event.finished for event in record.finished) if record.finished else self.clock()
-        order = {f"q{index}": index for index in range(len(prompts))}
-        record.finished.sort(key=lambda event: order[event.request_id])
         return record, []
 
     def _body(self, prompt: Sequence[int], cap: int, ignore_eos: bool) -> dict[str, Any]:

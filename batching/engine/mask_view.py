@@ -3,7 +3,7 @@
 The runner builds boolean masks per row (`runner._plan`) and attention narrows them per layer's sliding window
 (`RowMask.additive`). Copying those tensors out every step would cost more than the step's bookkeeping, so the
 runner records only the few integers they were built from (`describe_step`); `cell_kinds` rebuilds every cell from
-them with the same rules, and tests/test_mask_view.py checks it against the tensors attention actually received.
+them with the same rules, and tests/engine/test_mask_view.py checks it against the tensors attention actually received.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A serving engine's own telemetry, read into one shape: requests running, waiting, KV-cache use, preemptions.
 
-Each engine names these differently (the table below, checked against real samples in tests/data/); what an
+Each engine names these differently (the table below, checked against real samples in tests/remote/data/); what an
 engine does not expose stays None and the page says "not reported" rather than guessing. Prometheus text is read
 with Prometheus' own parser; llama.cpp's `/slots` JSON is read for its busy slots.
 """

@@ -1,0 +1,87 @@
+"""Helpers for the engine tests, which the tests of the layers above it use too: load a tiny model once, random
+prompts, reference outputs, a run with late arrivals."""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+
+import torch
+
+from batching.engine.batcher import Batcher
+from batching.engine.events import Event, FinishedEvent, StepEvent
+from batching.engine.params import RequestParams
+from config.settings import ModelSettings
+from model.loader import LoadedModel, load_model
+
+# The attention implementation each model was loaded with: references run on it, not on the engine's.
+_NATIVE_ATTENTION: dict[int, str] = {}
+
+
+@cache
+def loaded(folder: str) -> LoadedModel:
+    model = load_model(ModelSettings(name_or_path=folder, device="cpu", dtype="float32"))
+    _NATIVE_ATTENTION[id(model.model)] = model.model.config._attn_implementation
+    return model
+
+
+def reference(model, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
+    """What `model.generate` gives for one prompt alone, greedy (memoised: several tests ask the same)."""
+    return list(_reference(model, tuple(prompt_ids), max_new_tokens, ignore_eos))
+
+
+@cache
+def _reference(model, prompt_ids: tuple[int, ...], max_new_tokens: int, ignore_eos: bool) -> tuple[int, ...]:
+    # generate() fills unset values from the model's own generation config, so EOS is switched off there.
+    eos = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None if ignore_eos else eos
+    engine_attention = model.config._attn_implementation
+    model.set_attn_implementation(_NATIVE_ATTENTION.get(id(model), engine_attention))
+    try:
+        with torch.inference_mode():
+            output = model.generate(
+                torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, attention_mask=None
+            )
+    finally:
+        model.generation_config.eos_token_id = eos
+        model.set_attn_implementation(engine_attention)
+    return tuple(output[0, len(prompt_ids) :].tolist())
+
+
+def random_prompts(count: int, vocab: int, seed: int, longest: int = 40) -> list[list[int]]:
+    rng = random.Random(seed)
+    # Ids from 3 up: 0-2 are the tiny tokenizer's pad/bos/eos.
+    return [[rng.randrange(3, vocab) for _ in range(rng.randrange(1, longest))] for _ in range(count)]
+
+
+def finished_by_id(events: list[Event]) -> dict[str, FinishedEvent]:
+    return {event.request_id: event for event in events if isinstance(event, FinishedEvent)}
+
+
+def steps_of(events: list[Event]) -> list[StepEvent]:
+    return [event for event in events if isinstance(event, StepEvent)]
+
+
+def run_with_late_arrivals(
+    batcher: Batcher,
+    prompts: list,
+    caps: list[int],
+    late_from: int,
+    join_at_step: int,
+    ignore_eos: bool = False,
+    events: list[Event] | None = None,
+) -> dict[int, list[int]]:
+    """Submit the first requests at once and the rest while the batch is already running; outputs by index.
+    `events`, when given, receives every event of the run."""
+
+    def add(prompt: list, cap: int) -> str:
+        return batcher.add(prompt, RequestParams(cap, ignore_eos=ignore_eos)).request_id
+
+    ids = [add(p, c) for p, c in zip(prompts[:late_from], caps[:late_from], strict=True)]
+    events = [] if events is None else events
+    while batcher.has_work or len(ids) < len(prompts):
+        if batcher.step_index == join_at_step and len(ids) < len(prompts):
+            ids += [add(p, c) for p, c in zip(prompts[late_from:], caps[late_from:], strict=True)]
+        events += batcher.step()
+    finished = finished_by_id(events)
+    return {i: list(finished[request_id].output_ids) for i, request_id in enumerate(ids)}

@@ -1,0 +1,326 @@
+"""Compiled decode steps: token for token equal to `generate`, one graph with no graph breaks, the engine
+answering while the graph is made, a second start finding the graph in the on-disk cache, and a graph that fails
+(made, or re-made at run time) leaving the steps eager without failing a request."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from transformers import LlamaForCausalLM
+
+from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.compiled import StepCompiler, compile_state, pause_compiles
+from batching.engine.events import Event, TokenEvent
+from batching.engine.params import RequestParams
+from batching.engine.request import FinishReason
+from batching.engine.runner import ModelRunner
+from batching.runs import RunRecord
+from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals
+from tests.helpers import ROOT
+from tests.tiny_models import TINY_CONFIGS
+from utils.metrics import steps_kind
+
+CAPS = [40, 3, 25, 60, 9, 33]
+
+
+@contextmanager
+def counting_compiled_steps(compiler: StepCompiler) -> Iterator[list[int]]:
+    """Count the steps that go through the compiled graph (a wrapper around the real compiled forward)."""
+    calls = [0]
+    forward = compiler.forward
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    compiler.forward = counted
+    try:
+        yield calls
+    finally:
+        compiler.forward = forward
+
+
+def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_breaks() -> None:
+    # The embedded model with the default, autotuned kernels; every family's graph, untimed, is checked by the
+    # families matrix (tests/engine/test_families.py).
+    model = loaded(str(ROOT / "model" / "builtin"))
+    prompts = random_prompts(len(CAPS), vocab=300, seed=4, longest=30)
+    expected = [reference(model.model, p, c, ignore_eos=True) for p, c in zip(prompts, CAPS, strict=True)]
+    options = BatcherOptions(max_batch_size=4, max_batched_tokens=24, max_seq_len=128, compile_steps=True)
+    batcher = Batcher(model.model, model.tokenizer, options)
+    compiler = batcher.runner.compiler
+    assert compiler is not None
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    compiler.compile_now()
+    assert compiler.ready and not compiler.failed
+    with counting_compiled_steps(compiler) as calls:
+        outputs = run_with_late_arrivals(batcher, prompts, CAPS, late_from=4, join_at_step=3, ignore_eos=True)
+    for i, want in enumerate(expected):
+        assert outputs[i] == want, f"request {i} (prompt {len(prompts[i])}, cap {CAPS[i]}) differs"
+    # Histories from under 32 to over 90 columns, rows from 4 down to 1: still the one graph made up front.
+    assert calls[0] > 40
+    assert counters["stats"]["unique_graphs"] - graphs <= 1
+    assert sum(counters["graph_break"].values()) == breaks
+
+
+def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # An empty compile cache: one left by an earlier run (torch's default is under /tmp) would make the graph at
+    # once, and there would be no compiling to answer through.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = loaded(str(ROOT / "model" / "builtin"))
+    # Three slots: a shape no other test compiles, so the graph is made here, in the background (without timing its
+    # kernels: the autotuned graph is tested above, this is about the steps around the compile).
+    options = BatcherOptions(
+        max_batch_size=3, max_batched_tokens=64, max_seq_len=512, compile_steps=True, compile_autotune=False
+    )
+    batcher = Batcher(model.model, model.tokenizer, options)
+    compiler = batcher.runner.compiler
+    assert compiler is not None and not compiler.ready
+    steps_while_compiling = 0
+    tokens = 0
+    record = RunRecord("continuous", 0.0)
+    while not compiler.ready and not compiler.failed:
+        if not batcher.has_work:
+            batcher.add([5, 6, 7], RequestParams(400, ignore_eos=True))
+        events = batcher.step()
+        record.extend(events)
+        tokens += sum(1 for event in events if isinstance(event, TokenEvent))
+        steps_while_compiling += 1
+        assert steps_while_compiling < 100_000, "the graph was never made"
+    assert not compiler.failed
+    assert steps_while_compiling >= 10 and tokens >= 10  # eager steps went on while the graph was made
+    assert not any(step.compiled for step in record.steps)  # and each said so
+    assert steps_kind(record) == "eager steps"
+    switch = len(record.steps)
+    with counting_compiled_steps(compiler) as calls:
+        for _ in range(5):
+            record.extend(batcher.step())
+    assert calls[0] == 5  # and the next decode steps took the graph
+    assert [step.compiled for step in record.steps[switch:]] == [True] * 5
+    assert steps_kind(record) == f"eager, then compiled decode steps from step {record.steps[switch].index + 1}"
+
+
+def thread_cpu_s(native_id: int) -> float:
+    """CPU seconds a thread of this process has used (user + system, from /proc)."""
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_background_compile_sleeps_while_compiles_are_paused_then_finishes(
+    tiny_model_dirs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # nothing to find: a real compile
+    model = loaded(str(tiny_model_dirs["llama"])).model
+    # Five slots: a shape no other test compiles.
+    runner = ModelRunner(model, capacity=5, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
+    compiler = runner.compiler
+    assert compiler is not None
+    pause_compiles(True)
+    try:
+        compiler.start()
+        assert compiler._thread is not None and compiler._thread.native_id is not None
+        time.sleep(1.0)  # the thread reaches its first Python call and sleeps there
+        used = thread_cpu_s(compiler._thread.native_id)
+        time.sleep(3.0)
+        assert thread_cpu_s(compiler._thread.native_id) - used < 0.1, "the compile went on while paused"
+        assert not compiler.ready
+    finally:
+        pause_compiles(False)
+    compiler._thread.join(600)
+    assert compiler.ready and not compiler.failed
+
+
+_SECOND_START = """
+import json, sys, torch
+sys.path.insert(0, {root!r})
+torch.set_num_threads(1)
+from batching.engine.compiled import use_compile_cache
+use_compile_cache(__import__("pathlib").Path({cache!r}))
+from batching.engine.runner import ModelRunner
+from tests.engine.helpers import loaded
+model = loaded({folder!r}).model
+runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=True)
+print(json.dumps(runner.compiler.compile_now()))
+"""
+
+
+def test_a_second_start_compiles_faster_from_the_on_disk_cache(tiny_model_dirs, tmp_path: Path) -> None:
+    script = _SECOND_START.format(root=str(ROOT), cache=str(tmp_path / "cache"), folder=str(tiny_model_dirs["llama"]))
+
+    def start() -> float:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
+        seconds = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seconds is not None, done.stderr[-2000:]
+        return float(seconds)
+
+    first = start()
+    assert any((tmp_path / "cache").iterdir())  # the graphs went to the folder given, not the default one
+    second = start()
+    assert second < first, f"second start compiled in {second:.1f} s, the first in {first:.1f} s"
+
+
+def test_compiled_steps_are_off_unless_asked() -> None:
+    model = loaded(str(ROOT / "model" / "builtin"))
+    assert Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=2)).runner.compiler is None
+
+
+def test_two_models_of_one_architecture_each_step_on_their_own_weights() -> None:
+    # Compiled graphs hold the weights as constants and skip guards on modules: a graph made for one model must
+    # never serve another of the same class and shapes.
+    config = TINY_CONFIGS["llama"]
+
+    def last_logits(model: LlamaForCausalLM, compiled: bool) -> torch.Tensor:
+        # Untimed kernels: the weights are frozen into the graph all the same, and it compiles in half the time.
+        runner = ModelRunner(model, 4, 64, 0, compile_steps=compiled, compile_autotune=False)
+        if runner.compiler is not None:
+            assert runner.compiler.compile_now() is not None
+        for row in range(3):
+            runner.claim(f"r{row}")
+        runner.forward([[1, 2, 3], [4, 5], [6]])
+        return runner.forward([[7], [8], [9]])
+
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(LlamaForCausalLM(config).eval())
+    compiled = [last_logits(model, compiled=True) for model in models]
+    for model, logits in zip(models, compiled, strict=True):
+        torch.testing.assert_close(logits, last_logits(model, compiled=False), atol=1e-4, rtol=1e-4)
+    assert (compiled[0] - compiled[1]).abs().max() > 1
+
+
+def test_a_paused_compile_sleeps_at_a_plain_call_but_never_where_a_frame_may_hold_a_lock() -> None:
+    import threading
+    import types
+
+    from batching.engine.compiled import _sleep_while_paused
+
+    def call_under(module_name: str) -> threading.Thread:
+        """The trace function, called from a frame of `module_name`, in a thread of its own."""
+        code = compile("check(sys._getframe(), 'call', None)", f"<{module_name}>", "exec")
+        namespace = {"__name__": module_name, "check": _sleep_while_paused, "sys": sys}
+        thread = threading.Thread(target=types.FunctionType(code, namespace), daemon=True)
+        thread.start()
+        return thread
+
+    pause_compiles(True)
+    try:
+        in_logging = call_under("logging.handlers")  # a handler's lock may be held: no sleep there
+        in_logging.join(5)
+        assert not in_logging.is_alive()
+        plain = call_under("torch._inductor.graph")
+        plain.join(1)
+        assert plain.is_alive()  # asleep until compiles are released
+    finally:
+        pause_compiles(False)
+    plain.join(5)
+    assert not plain.is_alive()
+
+
+def test_a_ready_graph_is_not_used_while_another_graph_is_being_made(tiny_model_dirs) -> None:
+    from batching.engine import compiled
+
+    model = loaded(str(tiny_model_dirs["llama"])).model
+    runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
+    compiler = runner.compiler
+    assert compiler is not None and compiler.compile_now() is not None
+    assert compiler.step() is compiler.forward
+    other = ModelRunner(model, capacity=6, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
+    assert other.compiler is not None
+    with compiled._lock:  # as `_make_paused` registers a compile thread at work
+        compiled._compiling.add(other.compiler)
+    try:
+        # A guard miss would compile again under dynamo's one lock, which the other compile holds: eager instead.
+        assert compiler.step() is None
+    finally:
+        with compiled._lock:
+            compiled._compiling.discard(other.compiler)
+    assert compiler.step() is compiler.forward
+
+
+# Two slots (rows stay static: a short compile) and a cache length no other test compiles.
+FALLBACK = BatcherOptions(
+    max_batch_size=2, max_batched_tokens=16, max_seq_len=96, compile_steps=True, compile_autotune=False
+)
+
+
+@contextmanager
+def dynamo_refusing_a_re_trace() -> Iterator[None]:
+    """The next compiled call re-traces, and dynamo refuses to: a real failure of a compiled call at run time.
+
+    The re-trace comes from TF32 matmuls switched on, a global flag the graph's guards check and a CPU step ignores.
+    """
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = not tf32
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _failures(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if "steps stay eager" in record.getMessage()]
+
+
+def test_a_compiled_step_that_fails_at_run_time_reruns_eager_and_its_request_stays_exact(
+    tiny_model_dirs, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = loaded(str(tiny_model_dirs["llama"]))
+    batcher = Batcher(model.model, model.tokenizer, FALLBACK)
+    compiler = batcher.runner.compiler
+    assert compiler is not None and compiler.compile_now() is not None
+    prompt, cap = [5, 6, 7, 8], 40
+    request = batcher.add(prompt, RequestParams(cap, ignore_eos=True))
+    events: list[Event] = []
+    while batcher.runner.compiled_steps < 5:
+        events += batcher.step()
+    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"), dynamo_refusing_a_re_trace():
+        while batcher.has_work:
+            events += batcher.step()
+    finished = finished_by_id(events)[request.request_id]
+    assert finished.reason is FinishReason.LENGTH, finished.error
+    assert list(finished.output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
+    assert batcher.runner.compiled_steps == 5  # the step that failed and every later one ran eager
+    assert compiler.failed and compile_state(model.model, enabled=True).stage == "failed"
+    (line,) = _failures(caplog)
+    assert line.startswith("a compiled decode step failed, steps stay eager: RecompileError: ")
+
+
+def test_a_decode_graph_that_cannot_be_made_leaves_the_steps_eager_and_is_not_tried_again(
+    tiny_model_dirs, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = loaded(str(tiny_model_dirs["llama"]))
+    # A graph on this model already: a cache of another length is a re-trace of it, which dynamo refuses below.
+    Batcher(model.model, model.tokenizer, FALLBACK).runner.compiler.compile_now()
+    batcher = Batcher(model.model, model.tokenizer, replace(FALLBACK, max_seq_len=FALLBACK.max_seq_len - 1))
+    compiler = batcher.runner.compiler
+    assert compiler is not None
+    prompt, cap = [9, 10, 11], 20
+    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"), dynamo_refusing_a_re_trace():
+        assert compiler.compile_now() is None
+        request = batcher.add(prompt, RequestParams(cap, ignore_eos=True))
+        events = list(batcher.run())
+        assert compiler.compile_now() is None
+    # Not tried again: no compile running, none made since.
+    assert not any(thread.name == "batchscope-compile" for thread in threading.enumerate()) and not compiler.ready
+    finished = finished_by_id(events)[request.request_id]
+    assert list(finished.output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
+    assert batcher.runner.compiled_steps == 0 and compiler.failed
+    (line,) = _failures(caplog)
+    assert line.startswith("compiling the decode step failed, steps stay eager: RecompileError: ")

@@ -1,0 +1,165 @@
+"""Every model family: greedy output of both batchers, eager and with compiled decode steps, equals `generate` on
+each prompt alone, or the model is refused at build time with one line naming its type and the reason. The matrix
+lives in tests/engine/families.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from batching.engine.batcher import MODES, Batcher, BatcherOptions
+from batching.engine.events import Event, RowKind
+from batching.engine.model_support import UnsupportedModelError, attention_features, model_context_length
+from batching.engine.params import RequestParams
+from tests.engine.families import FAMILIES, ORIGINAL_CONTEXT, WINDOW
+from tests.engine.helpers import loaded, random_prompts, reference, run_with_late_arrivals, steps_of
+from tests.helpers import ROOT
+
+EXACT = [family.name for family in FAMILIES if not family.refused]
+REFUSED = [family.name for family in FAMILIES if family.refused]
+CAPS = [1, 60, 3, 17, 40, 2, 25, 9]
+LONGEST_PROMPT = 30  # several chunks under the token budget below, and far past the sliding window
+COMPILED_CONTEXT = 96  # the longest request (prompt 30, cap 60) fits
+ONE_TOKEN = (RowKind.DECODE, RowKind.HELD)  # a step whose rows are all these is a decode step
+
+
+def _prompts() -> list[list[int]]:
+    prompts = random_prompts(len(CAPS), vocab=300, seed=10, longest=LONGEST_PROMPT)
+    prompts[1] = prompts[1] + [7] * (LONGEST_PROMPT - len(prompts[1]))  # one prompt of the longest length
+    return prompts
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One torch thread, as the engine process runs a small model: on shared cores two threads mostly wait on each
+    other (with other work on this machine, the eager matrix took 491 s on two threads and 33 s on one, and a
+    compiled step 53 ms instead of 0.6). Compiled graphs are guarded on the count: it is the same for every test."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _assert_equals_generate(batcher: Batcher, name: str) -> list[Event]:
+    """Run the matrix's requests on `batcher`, some joining mid-run, and compare each with `generate` on it alone."""
+    model = batcher.model
+    prompts = _prompts()
+    context = model_context_length(model)
+    caps = [min(cap, context - len(prompt)) for prompt, cap in zip(prompts, CAPS, strict=True)]
+    ends = [len(p) + c for p, c in zip(prompts, caps, strict=True)]
+    assert max(ends) > 4 * WINDOW or max(ends) == context  # windows crossed; a capped context reached
+    expected = [reference(model, p, c, ignore_eos=True) for p, c in zip(prompts, caps, strict=True)]
+    events: list[Event] = []
+    outputs = run_with_late_arrivals(
+        batcher, prompts, caps, late_from=5, join_at_step=4, ignore_eos=True, events=events
+    )
+    for i, want in enumerate(expected):
+        assert outputs[i] == want, (
+            f"{name} {batcher.mode}: request {i} (prompt {len(prompts[i])}, cap {caps[i]}) differs"
+        )
+    assert batcher.runner.cache.active_rows == 0
+    return events
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", EXACT)
+def test_greedy_output_equals_generate_for_every_supported_family(family_model_dirs, name: str, mode: str) -> None:
+    model = loaded(str(family_model_dirs[name]))
+    # A small token budget forces chunked prefill of the longer prompts alongside other rows' decode steps.
+    options = BatcherOptions(max_batch_size=3, max_batched_tokens=12)
+    _assert_equals_generate(Batcher(model.model, model.tokenizer, options, mode=mode), name)
+
+
+def _compiled_options(mode: str) -> BatcherOptions:
+    """The matrix's slots and budget with compiled steps, the kernels untimed (a compile of half the time).
+
+    Both batchers get caches of one length, so they share one graph (a compiler per slot count and cache length):
+    the static cache's room for left padding is the continuous one's longer context. Phi-3's context is capped
+    below both, so its two batchers make a graph each.
+    """
+    context = COMPILED_CONTEXT + LONGEST_PROMPT if mode == "continuous" else COMPILED_CONTEXT
+    return BatcherOptions(
+        max_batch_size=3,
+        max_batched_tokens=12,
+        max_seq_len=context,
+        max_prompt_tokens=LONGEST_PROMPT,
+        compile_steps=True,
+        compile_autotune=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", EXACT)
+def test_compiled_decode_steps_equal_generate_for_every_supported_family(family_model_dirs, name, mode) -> None:
+    model = loaded(str(family_model_dirs[name]))
+    batcher = Batcher(model.model, model.tokenizer, _compiled_options(mode), mode=mode)
+    compiler = batcher.runner.compiler
+    assert compiler is not None
+    # 8-15 s a family here; the static batcher finds its family's graph made (but for Phi-3's).
+    assert compiler.compile_now() is not None, f"{name}: its decode graph was not made"
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    events = _assert_equals_generate(batcher, name)
+    decode_steps = sum(all(row.kind in ONE_TOKEN for row in step.rows) for step in steps_of(events))
+    # Every decode step went through the graph made up front: none ran eager, none re-traced it, none broke it.
+    assert batcher.runner.compiled_steps == decode_steps > 20 and not compiler.failed
+    assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_an_unsupported_family_is_refused_with_one_line_naming_it(family_model_dirs, name: str) -> None:
+    family = next(f for f in FAMILIES if f.name == name)
+    model = loaded(str(family_model_dirs[name]))
+    with pytest.raises(UnsupportedModelError) as refused:
+        Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=2))
+    message = str(refused.value)
+    assert message.startswith(f"model type {model.model.config.model_type} is not supported: ")
+    assert family.refused in message and "\n" not in message
+
+
+def test_attention_features_name_windows_softcap_sinks_and_head_sizes(family_model_dirs) -> None:
+    def features(name: str) -> str:
+        return attention_features(loaded(str(family_model_dirs[name])).model)
+
+    assert features("llama") == ""
+    assert features("mistral") == f"sliding window {WINDOW} on 2 of 2 layers"
+    assert features("gemma2") == f"sliding window {WINDOW} on 1 of 2 layers, soft-cap 1"
+    assert features("gpt_oss") == f"sliding window {WINDOW} on 1 of 2 layers, attention sinks"
+    assert features("deepseek_v3") == "key head 24, value head 20"
+    assert features("phi3") == f"longrope, context capped at its original {ORIGINAL_CONTEXT}"
+
+
+def test_a_longrope_request_that_would_cross_the_original_context_is_refused(family_model_dirs) -> None:
+    model = loaded(str(family_model_dirs["phi3"]))
+    batcher = Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=2))
+    assert batcher.builder.context_length == ORIGINAL_CONTEXT
+    with pytest.raises(ValueError, match=r"context is 48 \(capped where its longrope switches to the long factors\)"):
+        batcher.add([5] * 10, RequestParams(ORIGINAL_CONTEXT - 9))
+    batcher.add([5] * 10, RequestParams(ORIGINAL_CONTEXT - 10))  # up to the switch is fine
+
+
+def test_the_docs_table_of_families_is_what_the_matrix_prints() -> None:
+
+    from tests.engine.families_table import rows
+
+    models = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    stale = "docs/models.md is stale: paste the output of python -m tests.engine.families_table"
+    assert "\n".join(rows()) in models, stale
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "mistral"])
+def test_generate_on_a_model_switched_to_the_engine_attention_still_matches_its_own(family_model_dirs, name) -> None:
+    from batching.engine.attention import ATTENTION_NAME
+
+    model = loaded(str(family_model_dirs[name])).model
+    Batcher(model, loaded(str(family_model_dirs[name])).tokenizer, BatcherOptions(max_batch_size=1))
+    assert model.config._attn_implementation == ATTENTION_NAME
+    prompt = _prompts()[1]
+    with torch.inference_mode():  # no plan: soft-cap and sinks take the eager path, windows come in the mask
+        ours = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None)
+    assert ours[0, len(prompt) :].tolist() == reference(model, prompt, 20, ignore_eos=True)

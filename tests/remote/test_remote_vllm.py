@@ -1,0 +1,89 @@
+"""The remote view against vLLM itself: the session's real vLLM server (tests/conftest.py) on the embedded model runs
+the queue continuous and static, every answer equal to our engine's on the same model, and the server's telemetry
+is vLLM's own `/metrics` (requests running and waiting, KV-cache use, preemptions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from batching.engine.events import FinishedEvent
+from batching.engine.params import RequestParams
+from batching.engine.request import FinishReason
+from batching.remote import Endpoint, RemoteRun, RunSetup, fetch_model, parse_url
+from model.prompting import format_prompt
+from tests.bench.vllm_helpers import RunningVllm, our_answers
+from tests.remote.test_remote import QUESTIONS, SYSTEM
+from utils.telemetry_charts import RUNNING, WAITING, reported_line, telemetry_frame
+
+LANES = 6  # more than vLLM's SLOTS (4): two requests wait on the server, and its own figures show it
+# The embedded model ends these at EOS within 16-80 tokens; it goes on to 228 tokens on the first, so eight copies of
+# it capped at 220 hold vLLM's whole batch for two rounds of 220 steps (3-4 s) while two more requests wait. vLLM's
+# /metrics takes ~0.2 s to answer while it is busy here: one round of 120 steps (CI's failure) gave 3-10 readings, some
+# with no request running in any of them.
+LONG = "Explain the features of the latest smartphone model."
+PROMPTS = [LONG] * 8 + QUESTIONS
+CAPS = [220] * 8 + [100] * len(QUESTIONS)
+RUN_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def runs(vllm: RunningVllm) -> dict[str, RemoteRun]:
+    """The queue run continuous, then static, on vLLM, its /metrics read every 50 ms."""
+    endpoint = Endpoint(parse_url(vllm.url + "/v1"))
+    model = fetch_model(endpoint)
+    finished = {}
+    for mode in ("continuous", "static"):
+        run = RemoteRun(RunSetup(endpoint, model, LANES, mode), telemetry_every_s=0.05)  # type: ignore[arg-type]
+        for question, cap in zip(PROMPTS, CAPS, strict=True):
+            run.submit(format_prompt(question, SYSTEM), RequestParams(cap))
+        run.close()
+        run.join(RUN_TIMEOUT_S)
+        assert run.done, f"the {mode} run on vLLM did not finish in {RUN_TIMEOUT_S} s"
+        finished[mode] = run
+    return finished
+
+
+@pytest.fixture(scope="module")
+def ours() -> list[FinishedEvent]:
+    """Our engine's answers to the same queue on the same model."""
+    return our_answers([format_prompt(question, SYSTEM) for question in PROMPTS], CAPS, ignore_eos=False)
+
+
+def test_the_model_name_comes_from_vllms_v1_models(vllm: RunningVllm) -> None:
+    assert fetch_model(Endpoint(parse_url(vllm.url))) == vllm.model
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+def test_every_answer_vllm_streams_equals_our_engines_on_the_same_model(
+    runs: dict[str, RemoteRun], ours: list[FinishedEvent], mode: str
+) -> None:
+    record = runs[mode].record
+    by_id = {event.request_id: event for event in record.finished}
+    assert len(by_id) == len(PROMPTS)
+    for number, expected in enumerate(ours, start=1):
+        event = by_id[f"{mode}-{number}"]
+        assert event.error is None and event.reason is expected.reason in (FinishReason.EOS, FinishReason.LENGTH)
+        assert event.text == expected.text  # greedy on both: the same words to the character
+        streamed = "".join(t.text for t in record.tokens if t.request_id == event.request_id)
+        assert streamed == event.text
+        assert event.prompt_tokens == expected.prompt_tokens  # vLLM's usage chunk: the same tokenisation
+    assert {event.reason for event in ours} == {FinishReason.EOS, FinishReason.LENGTH}  # both kinds of ending
+
+
+def test_the_server_view_is_vllms_own_running_waiting_and_kv_cache_figures(
+    runs: dict[str, RemoteRun], vllm: RunningVllm
+) -> None:
+    for mode, run in runs.items():
+        samples = [sample.telemetry for sample in run.telemetry()]
+        assert samples and {telemetry.engine for telemetry in samples} == {"vLLM"}, mode
+        assert max(t.running or 0 for t in samples) == vllm.slots  # its batch is full ...
+        assert max(t.waiting or 0 for t in samples) >= 1  # ... and the lanes beyond it wait on the server
+        assert max(t.cache_usage or 0 for t in samples) > 0  # its KV blocks in use
+        assert all(t.preemptions == 0 for t in samples)  # reported, and none with 1 GiB of KV for 4 sequences
+        assert run.poller is not None and not run.poller.slots_available  # no llama.cpp /slots: not asked again
+        # what the page's server chart and its line above it are drawn from
+        frame = telemetry_frame(run.telemetry(), run.record.start)
+        peaks = frame.groupby("series")["requests"].max().to_dict()
+        assert peaks == {RUNNING: vllm.slots, WAITING: max(t.waiting or 0 for t in samples)}
+        line = reported_line(run.telemetry(), {"/metrics": True})
+        assert line.startswith("Server telemetry (vLLM, ") and "not reported" not in line

@@ -1,0 +1,235 @@
+"""The OpenAI-compatible API, as its users drive it: a real server (`python -m batching.serve`) on a free port,
+the real `openai` client, raw HTTP for what a client library would not send, and Prometheus' own parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from batching.bench.workloads import load_workload
+from config.settings import ModelSettings
+from model.loader import load_model
+from model.prompting import format_prompt
+from tests.engine.helpers import reference
+from tests.serve.helpers import our_server
+
+MODEL = "builtin"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with our_server(tmp_path_factory.mktemp("serve")) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One slot, at most two requests for everyone, and an API key."""
+    env = {
+        "BATCHSCOPE_SERVER__API_KEY": "sesame",
+        "BATCHSCOPE_BATCHING__MAX_BATCH_SIZE": "1",
+        "BATCHSCOPE_LIMITS__MAX_QUEUE_TOTAL": "2",
+    }
+    with our_server(tmp_path_factory.mktemp("serve-guarded"), env) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    return load_model(ModelSettings(name_or_path=MODEL, device="cpu", dtype="float32"))
+
+
+def _client(url: str, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def _metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return values
+
+
+def _post(url: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url + path, body, {"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+QUESTIONS = [request.prompt for request in load_workload("customer-support").requests]
+
+
+def test_models_and_health_name_the_served_model(server: str) -> None:
+    assert _client(server).models.list().data[0].id == MODEL
+    with urllib.request.urlopen(server + "/health", timeout=5) as answer:
+        assert json.loads(answer.read()) == {"status": "ok"}
+
+
+def test_a_completion_is_what_generate_gives_for_the_prompt_alone(server: str, builtin) -> None:
+    prompt = format_prompt(QUESTIONS[0])
+    answer = _client(server).completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    ids = builtin.tokenizer(prompt)["input_ids"]
+    expected = reference(builtin.model, ids, 24)
+    assert answer.choices[0].text == builtin.tokenizer.decode(expected, skip_special_tokens=True)
+    assert answer.usage.prompt_tokens == len(ids) and answer.usage.completion_tokens == len(expected)
+    assert answer.choices[0].finish_reason == ("length" if len(expected) == 24 else "stop")
+    timings = answer.model_extra["timings"]
+    assert timings["ttft_ms"] > 0 and timings["e2e_ms"] >= timings["ttft_ms"]
+
+
+def test_chat_uses_the_models_chat_template_streaming_or_not(server: str, builtin) -> None:
+    client = _client(server)
+    messages = [{"role": "user", "content": QUESTIONS[1]}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0)
+    ids = builtin.tokenizer(format_prompt(QUESTIONS[1]))["input_ids"]
+    expected = builtin.tokenizer.decode(reference(builtin.model, ids, 40), skip_special_tokens=True)
+    assert whole.choices[0].message.content == expected
+    assert whole.usage.prompt_tokens == len(ids)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+
+
+def test_thirty_two_concurrent_streams_each_equal_their_prompt_run_alone(server: str, builtin) -> None:
+    prompts = [format_prompt(QUESTIONS[i % len(QUESTIONS)]) + " " * (i // len(QUESTIONS)) for i in range(32)]
+    caps = [8 + (i * 7) % 41 for i in range(32)]
+    client = openai.AsyncOpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    async def one(prompt: str, cap: int) -> str:
+        stream = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=cap, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+        return "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+
+    async def everyone() -> list[str]:
+        return await asyncio.gather(*(one(p, c) for p, c in zip(prompts, caps, strict=True)))
+
+    texts = asyncio.run(everyone())
+    for prompt, cap, text in zip(prompts, caps, texts, strict=True):
+        expected = reference(builtin.model, builtin.tokenizer(prompt)["input_ids"], cap, ignore_eos=True)
+        assert text == builtin.tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(server: str) -> None:
+    before = _metrics(server).get("batchscope:request_success_total{finished_reason=abort}", 0.0)
+    host, port = server.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    body = {"model": MODEL, "prompt": "Q: Hello\nA:", "max_tokens": 900, "stream": True, "ignore_eos": True}
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200
+    assert response.readline().startswith(b"data: ")  # tokens are flowing
+    assert _metrics(server)["batchscope:num_requests_running"] == 1
+    connection.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        figures = _metrics(server)
+        if figures["batchscope:num_requests_running"] == 0:
+            break
+        time.sleep(0.1)
+    assert figures["batchscope:num_requests_running"] == 0
+    assert figures["batchscope:request_success_total{finished_reason=abort}"] == before + 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message"),
+    [
+        ("/v1/completions", b'{"prompt": "hi", "max_tokens": ', None, "not valid JSON"),
+        ("/v1/completions", {"model": "gpt-9", "prompt": "hi"}, "model", "is not served here"),
+        ("/v1/completions", {"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal to 0"),
+        ("/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p", "greater than 0"),
+        ("/v1/completions", {"prompt": "hi", "n": 2}, None, "n=2 is not supported"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "2 prompts in one request"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 999999}, "max_tokens", "is too large"),
+        ("/v1/completions", {"prompt": "hello " * 2000}, "prompt", "allowed: shorten it"),
+        ("/v1/completions", {"prompt": "hi", "stop": [""]}, None, "stop strings must not be empty"),
+        ("/v1/completions", {"max_tokens": 3}, "prompt", "Field required"),
+        ("/v1/chat/completions", {"messages": []}, "messages", "at least 1 item"),
+        ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", "Input"),
+        ("/v1/nothing-here", {}, None, "Not Found"),
+    ],
+)
+def test_bad_input_gets_an_openai_style_400_naming_the_field(server: str, path, body, param, message) -> None:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    status, answer = _post(server, path, raw)
+    assert status == (404 if path == "/v1/nothing-here" else 400)
+    error = answer["error"]
+    assert message in error["message"] and error["param"] == param
+    assert "Traceback" not in error["message"] and "\n" not in error["message"]
+
+
+def test_metrics_parse_and_their_counters_match_the_requests_sent(server: str) -> None:
+    before = _metrics(server)
+    client = _client(server)
+    answers = [
+        client.completions.create(model=MODEL, prompt=format_prompt(q), max_tokens=12, temperature=0)
+        for q in QUESTIONS[:3]
+    ]
+    after = _metrics(server)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert delta("batchscope:prompt_tokens_total") == sum(a.usage.prompt_tokens for a in answers)
+    assert delta("batchscope:generation_tokens_total") == sum(a.usage.completion_tokens for a in answers)
+    finished = sum(delta(f"batchscope:request_success_total{{finished_reason={r}}}") for r in ("stop", "length"))
+    assert finished == 3
+    assert delta("batchscope:time_to_first_token_seconds_count") == 3
+    assert delta("batchscope:e2e_request_latency_seconds_count") == 3
+    assert delta("batchscope:iteration_tokens_total_count") > 0
+    assert after["batchscope:num_requests_running"] == 0 and after["batchscope:kv_cache_usage_perc"] == 0
+
+
+def test_an_api_key_is_required_when_set(guarded_server: str) -> None:
+    with pytest.raises(openai.AuthenticationError) as caught:
+        _client(guarded_server, key="wrong").models.list()
+    assert "API key" in caught.value.body["message"]
+    assert _client(guarded_server, key="sesame").models.list().data[0].id == MODEL
+
+
+def test_a_full_queue_answers_429_and_the_others_go_on(guarded_server: str) -> None:
+    client = openai.AsyncOpenAI(base_url=guarded_server + "/v1", api_key="sesame", max_retries=0, timeout=60)
+
+    async def one() -> str:
+        try:
+            answer = await client.completions.create(
+                model=MODEL, prompt="Q: Hi\nA:", max_tokens=40, temperature=0, extra_body={"ignore_eos": True}
+            )
+        except openai.RateLimitError as error:
+            assert "max_queue_total=2" in error.body["message"]
+            return "429"
+        return answer.choices[0].finish_reason
+
+    async def burst() -> list[str]:
+        return await asyncio.gather(*(one() for _ in range(5)))
+
+    outcomes = asyncio.run(burst())
+    assert outcomes.count("length") >= 2 and "429" in outcomes
+    assert set(outcomes) <= {"length", "429"}
