@@ -220,9 +220,8 @@ class StepCompiler:
         self.forward = compiled_forward(model, autotune)
         self.capacity = capacity
         self.max_len = max_len
-        # Columns are rounded to whole blocks and to KV_STEP (both powers of two), at most the last column but one.
+        # Columns are rounded to whole blocks and to KV_STEP (both powers of two).
         self.column_step = max(KV_STEP, block_size)
-        self.max_columns = (max_len - 1) // self.column_step * self.column_step
         self.compile_s: float | None = None  # how long making the graph took, once made
         self.failed = False
         self._warm = warm
@@ -231,12 +230,12 @@ class StepCompiler:
         self._started = False
         self._lock = threading.Lock()
 
-    def bucket(self, rows: int, kv_len: int) -> Bucket | None:
-        """The padded shape of a decode step with `rows` rows reading `kv_len` cached columns; None for a step that
-        reads the cache's last column (a symbolic length equal to the cache's would be specialised on)."""
-        columns = min(-(-kv_len // self.column_step) * self.column_step, self.max_columns)
+    def bucket(self, rows: int, kv_len: int) -> Bucket:
+        """The padded shape of a decode step with `rows` rows reading `kv_len` cached columns (whole blocks: the
+        rows' tables are gathered, so no column count is special, the cache's length included)."""
+        columns = -(-kv_len // self.column_step) * self.column_step
         # One row is padded to two: a symbolic size of 1 would be specialised on (a second graph).
-        return (min(max(rows, 2), self.capacity), columns) if kv_len <= columns else None
+        return (min(max(rows, 2), self.capacity), columns)
 
     @property
     def ready(self) -> bool:
@@ -303,7 +302,7 @@ class StepCompiler:
             # Freezing folds the weights into the graph only if dynamo records them as the model's parameters.
             # No duck shaping: rows and blocks equal when the graph is traced (4 and 4) must not become one symbol.
             with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
-                self._warm(self.forward, (self.capacity, min(2 * self.column_step, self.max_columns)))
+                self._warm(self.forward, (self.capacity, 2 * self.column_step))
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
             self.fail(exc, "compiling the decode step failed")
             return

@@ -168,7 +168,7 @@ class ModelRunner:
         compiler = self.compiler
         if compiler is not None:
             bucket = compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
-            step = compiler.step() if bucket is not None else None
+            step = compiler.step()
             if step is not None:
                 try:
                     logits = self._decode_with(tokens, positions, slots, step, bucket)

@@ -49,13 +49,13 @@ def _packed_rows(plan: PackedPlan, window: int | None) -> list[torch.Tensor]:
     """Each packed row's allowed cells `[queries, kv_len]`, read from the additive masks the plan handed attention."""
     rows: list[tuple[int, torch.Tensor]] = []
     if plan.single_mask is not None:
-        additive = plan.single_mask.additive(window)  # memoised: the very tensor the layer used
+        additive = plan.single_mask.additive(window, plan.single_kv_len)  # memoised: the very tensor the layer used
         if plan.single_rows is None:
             pairs = [(row, row) for row in range(plan.rows)]
         else:
             pairs = list(zip(plan.single_rows.tolist(), plan.single_tokens.tolist(), strict=True))
         rows += [(index, additive[row, 0] == 0) for row, index in pairs]
-    rows += [(chunk.start, chunk.mask.additive(window)[0, 0] == 0) for chunk in plan.chunks]
+    rows += [(chunk.start, chunk.mask.additive(window, chunk.kv_len)[0, 0] == 0) for chunk in plan.chunks]
     return [allowed for _, allowed in sorted(rows, key=lambda item: item[0])]
 
 
@@ -144,7 +144,8 @@ def test_a_sliding_window_models_masks_are_described_per_window(windowed, mode: 
 
 
 def test_a_static_prefill_mask_by_hand(llama) -> None:
-    steps, _ = _steps(llama, "static", [[5, 6, 7], [8, 9, 10, 11, 12]], [2, 1], max_batch_size=2)
+    # Blocks of two positions: a batched call reads its rows' whole blocks, here exactly the 6 columns in use.
+    steps, _ = _steps(llama, "static", [[5, 6, 7], [8, 9, 10, 11, 12]], [2, 1], max_batch_size=2, block_size=2)
     first = steps[0].mask
     assert first.rows == (MaskRow(0, 0, 5, 5, 2, False), MaskRow(1, 0, 5, 5, 0, False))
     a, f, o, p = ALLOWED, FUTURE, OTHER_ROW, PADDING

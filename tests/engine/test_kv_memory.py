@@ -10,7 +10,7 @@ import pytest
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import PreemptedEvent, StepEvent
 from batching.engine.params import RequestParams
-from tests.engine_helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals, steps_of
+from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals, steps_of
 
 CAPS = [40, 60, 25, 50, 35, 45, 30, 55]
 
