@@ -66,13 +66,36 @@ class GenerationSettings(BaseModel):
     seed: int = Field(0, ge=0)
 
 
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
 class BatchingSettings(BaseModel):
-    """The engine's shape: slots, per-step token budget, admission order."""
+    """The engine's shape: slots, per-step token budget, admission order, KV memory."""
 
     max_batch_size: int = Field(8, ge=1, le=256, description="slots: requests decoded together")
     max_batched_tokens: int = Field(512, ge=16, le=65536, description="prefill + decode tokens per step")
     policy: Policy = "fcfs"
-    max_seq_len: int = Field(2048, ge=16, le=131072, description="prompt + new tokens per request; sizes the KV cache")
+    max_seq_len: int = Field(2048, ge=16, le=131072, description="prompt + new tokens per request")
+    kv_cache_tokens: int | None = Field(
+        1024,
+        ge=1,
+        le=16_777_216,
+        description="KV memory of each batcher, in token positions (every layer's keys and values for one token "
+        "each); 1,024 makes memory matter on the embedded model: a static wave of 8 reserves more. None: every "
+        "slot's whole context",
+    )
+    kv_cache_mb: float | None = Field(
+        None, gt=0, le=1_048_576, description="KV memory of each batcher in MiB; when set, instead of kv_cache_tokens"
+    )
+    block_size: int = Field(16, description="KV positions per block: one of 1, 2, 4, ... 256")
+    prefix_caching: bool = Field(True, description="continuous batching reuses the cached blocks of equal prefixes")
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size_is_a_power_of_two(cls, size: int) -> int:
+        if size not in BLOCK_SIZES:
+            raise ValueError(f"must be one of {', '.join(map(str, BLOCK_SIZES))}")
+        return size
 
     @field_validator("max_batched_tokens")
     @classmethod

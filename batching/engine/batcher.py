@@ -22,7 +22,7 @@ from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
 from batching.engine.builder import RequestBuilder
 from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
 from batching.engine.events import Event, FinishedEvent, MemoryView, PreemptedEvent, StepEvent, StepRow, TokenEvent
-from batching.engine.model_support import context_reason, model_context_length
+from batching.engine.model_support import context_reason, kv_bytes_per_token, model_context_length
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request, RequestState
 from batching.engine.runner import ModelRunner
@@ -52,7 +52,10 @@ class BatcherOptions:
     compile_steps: bool = False  # decode steps through a compiled graph once it is ready (see engine.compiled)
     compile_autotune: bool = True  # the compiler picks its matrix kernels by timing them (a longer first compile)
     block_size: int = DEFAULT_BLOCK_SIZE  # KV positions per block
-    kv_blocks: int | None = None  # the KV pool's blocks (None: every slot's whole context, as a slot cache reserves)
+    # The KV pool: at most one of these (none: every slot's whole context, what a cache of full-length slots holds).
+    kv_blocks: int | None = None
+    kv_cache_tokens: int | None = None  # positions, rounded down to whole blocks
+    kv_cache_mb: float | None = None  # MiB of keys and values, by the model's size per token
     prefix_caching: bool = True  # continuous batching reuses cached blocks of equal prefixes (static never does)
 
     def __post_init__(self) -> None:
@@ -66,13 +69,29 @@ class BatcherOptions:
         check_policy(self.policy)
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size={self.block_size} is not allowed: choose one of {BLOCK_SIZES}")
-        if self.kv_blocks is not None and self.kv_blocks < 1:
-            raise ValueError(f"kv_blocks={self.kv_blocks} is not allowed: must be >= 1")
+        given = {"kv_blocks": self.kv_blocks, "kv_cache_tokens": self.kv_cache_tokens, "kv_cache_mb": self.kv_cache_mb}
+        chosen = {name: value for name, value in given.items() if value is not None}
+        if len(chosen) > 1:
+            raise ValueError(f"{' and '.join(chosen)} are both set: give the KV memory one way")
+        least = {"kv_blocks": 1, "kv_cache_tokens": self.block_size, "kv_cache_mb": 0}
+        for name, value in chosen.items():
+            if value < least[name] or value <= 0:
+                raise ValueError(f"{name}={value} is not allowed: the pool must hold at least one block")
 
-    def pool_blocks(self, max_len: int) -> int:
-        """The pool's blocks: the setting, else every slot's `max_len` positions."""
+    def pool_blocks(self, max_len: int, bytes_per_token: int) -> int:
+        """The pool's blocks: as set (tokens and MiB rounded down to whole blocks), else every slot's `max_len`."""
         if self.kv_blocks is not None:
             return self.kv_blocks
+        if self.kv_cache_tokens is not None:
+            return self.kv_cache_tokens // self.block_size
+        if self.kv_cache_mb is not None:
+            blocks = int(self.kv_cache_mb * 2**20 // (bytes_per_token * self.block_size))
+            if blocks < 1:
+                raise ValueError(
+                    f"kv_cache_mb={self.kv_cache_mb} is not allowed: one block of {self.block_size} tokens of this "
+                    f"model takes {bytes_per_token * self.block_size / 2**20:.3f} MiB"
+                )
+            return blocks
         return self.max_batch_size * -(-max_len // self.block_size)
 
 
@@ -103,8 +122,8 @@ def request_builder(
     """What a batcher with these options accepts: the same checks, without a cache (for the page's validation)."""
     context = min(model_context_length(model), options.max_seq_len)
     reason = context_reason(model) if context == model_context_length(model) else ""
-    kv_tokens = None if options.kv_blocks is None else options.kv_blocks * options.block_size
-    return RequestBuilder(tokenizer, context, options.max_prompt_tokens, reason, kv_tokens)
+    blocks = options.pool_blocks(context, kv_bytes_per_token(model))
+    return RequestBuilder(tokenizer, context, options.max_prompt_tokens, reason, blocks * options.block_size)
 
 
 class Batcher:
@@ -136,7 +155,8 @@ class Batcher:
         # A static wave's rows also hold left padding (up to the longest prompt); positions never pass the context.
         padding_room = self.builder.max_prompt_tokens if mode == "static" else 0
         prefix_caching = options.prefix_caching and mode == "continuous"
-        self.pool = BlockPool(options.pool_blocks(context), options.block_size, prefix_caching)
+        blocks = options.pool_blocks(context, kv_bytes_per_token(model))
+        self.pool = BlockPool(blocks, options.block_size, prefix_caching)
         self.scheduler: Scheduler
         if mode == "continuous":
             self.scheduler = ContinuousScheduler(options.max_batched_tokens, self.pool, options.policy)

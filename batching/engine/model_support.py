@@ -174,3 +174,19 @@ def model_context_length(model: PreTrainedModel) -> int:
         if isinstance(value, int) and value > 0:
             return min(value, limit) if limit else value
     return min(2048, limit) if limit else 2048
+
+
+def kv_bytes_per_token(model: PreTrainedModel) -> int:
+    """Bytes of keys and values one token takes in the cache, every layer together, read from the config: heads
+    times head size, keys and values apart (their sizes may differ), or MLA's compressed latent and rotary key."""
+    config = model.config.get_text_config()
+    heads = getattr(config, "num_attention_heads", 1)
+    layers = config.num_hidden_layers
+    kv_lora_rank = getattr(config, "kv_lora_rank", None)
+    if kv_lora_rank:  # DeepSeek's MLA caches one latent and one rotary key per token and layer
+        per_layer = kv_lora_rank + config.qk_rope_head_dim
+    else:
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        per_layer = kv_heads * (head_dim + (getattr(config, "v_head_dim", None) or head_dim))
+    return layers * per_layer * model.dtype.itemsize
