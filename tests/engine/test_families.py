@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from batching.engine.batcher import MODES, Batcher, BatcherOptions
-from batching.engine.events import Event, RowKind
+from batching.engine.events import Event, FinishedEvent, RowKind
 from batching.engine.model_support import UnsupportedModelError, attention_features, model_context_length
 from batching.engine.params import RequestParams
 from tests.engine.families import FAMILIES, ORIGINAL_CONTEXT, WINDOW
@@ -73,6 +73,31 @@ def test_greedy_output_equals_generate_for_every_supported_family(family_model_d
     # A small token budget forces chunked prefill of the longer prompts alongside other rows' decode steps.
     options = BatcherOptions(max_batch_size=3, max_batched_tokens=12)
     _assert_equals_generate(Batcher(model.model, model.tokenizer, options, mode=mode), name)
+
+
+@pytest.mark.parametrize("name", EXACT)
+def test_preemption_and_prefix_hits_stay_exact_for_every_supported_family(family_model_dirs, name: str) -> None:
+    """A pool too small for three requests at once (preemptions, recomputed) and prompts sharing a 12-token prefix
+    (the late ones find its blocks cached): every answer still equals `generate`, every block comes back."""
+    model = loaded(str(family_model_dirs[name]))
+    shared = list(range(200, 212))
+    prompts = [shared + tail for tail in random_prompts(len(CAPS), vocab=300, seed=12, longest=10)]
+    context = model_context_length(model.model)
+    caps = [min(cap, context - len(prompt)) for prompt, cap in zip(prompts, CAPS, strict=True)]
+    expected = [reference(model.model, p, c, ignore_eos=True) for p, c in zip(prompts, caps, strict=True)]
+    options = BatcherOptions(max_batch_size=3, max_batched_tokens=12, block_size=4, kv_blocks=24)
+    batcher = Batcher(model.model, model.tokenizer, options)
+    events: list[Event] = []
+    outputs = run_with_late_arrivals(
+        batcher, prompts, caps, late_from=5, join_at_step=4, ignore_eos=True, events=events
+    )
+    for i, want in enumerate(expected):
+        assert outputs[i] == want, f"{name}: request {i} (prompt {len(prompts[i])}, cap {caps[i]}) differs"
+    finished = [event for event in events if isinstance(event, FinishedEvent)]
+    assert any(event.preemptions for event in finished), "the pool was meant to run out"
+    assert any(event.cached_tokens >= 8 for event in finished), "no request found the shared prefix cached"
+    batcher.pool.check()
+    assert batcher.pool.usage().in_use == 0
 
 
 def _compiled_options(mode: str) -> BatcherOptions:
