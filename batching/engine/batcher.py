@@ -85,7 +85,7 @@ class BatcherOptions:
         if self.kv_cache_tokens is not None:
             return self.kv_cache_tokens // self.block_size
         if self.kv_cache_mb is not None:
-            blocks = int(self.kv_cache_mb * 2**20 // (bytes_per_token * self.block_size))
+            blocks = int(self.kv_cache_mb * 2**20 // (max(bytes_per_token, 1) * self.block_size))
             if blocks < 1:
                 raise ValueError(
                     f"kv_cache_mb={self.kv_cache_mb} is not allowed: one block of {self.block_size} tokens of this "

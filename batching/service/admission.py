@@ -44,7 +44,8 @@ class Admission:
         info = self.lifecycle.info
         context = min(info.context_length, options.max_seq_len)
         reason = info.context_reason if context == info.context_length else ""
-        return RequestBuilder(self.tokenizer, context, options.max_prompt_tokens, reason)
+        kv_tokens = options.pool_blocks(context, info.kv_bytes_per_token) * options.block_size
+        return RequestBuilder(self.tokenizer, context, options.max_prompt_tokens, reason, kv_tokens)
 
     def submit(self, session: Session, prompt: str | Sequence[int], params: RequestParams) -> Submitted:
         """Check and send a request; raises ValueError (bad input), QueueFullError (limits) or EngineDeadError."""

@@ -47,6 +47,7 @@ class EngineInfo:
     pid: int
     features: str = ""  # the attention features in use, e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
     context_reason: str = ""  # why the context is shorter than the model's, if it is
+    kv_bytes_per_token: int = 0  # every layer's keys and values for one token (sizes a KV budget given in MiB)
 
 
 # --- client -> engine -----------------------------------------------------------------------------------------

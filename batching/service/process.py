@@ -23,6 +23,7 @@ from batching.engine.model_support import (
     attention_features,
     check_supported,
     context_reason,
+    kv_bytes_per_token,
     model_context_length,
 )
 from batching.engine.params import RequestParams
@@ -124,6 +125,7 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         pid=os.getpid(),
         features=attention_features(loaded.model),
         context_reason=context_reason(loaded.model),
+        kv_bytes_per_token=kv_bytes_per_token(loaded.model),
     )
     outputs.send(Ready(info))
     return loaded

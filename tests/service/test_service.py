@@ -168,7 +168,10 @@ def test_bad_input_is_refused_with_the_engines_message_without_reaching_the_engi
         session.submit([5] * 600, RequestParams(5))
     with pytest.raises(ValueError, match="max_new_tokens=600 is too large"):
         session.submit([5, 6], RequestParams(600))
-    assert not session.pending and client.in_flight() == 0
+    small_pool = client.open_session(replace(OPTIONS, kv_cache_tokens=64))
+    with pytest.raises(ValueError, match=r"too large for the KV cache: .* the whole cache holds 64"):
+        small_pool.submit([5, 6], RequestParams(63))
+    assert not session.pending and not small_pool.pending and client.in_flight() == 0
 
 
 def test_a_session_that_stops_polling_is_dropped_and_its_requests_cancelled(client) -> None:
