@@ -209,6 +209,7 @@ class Settings(BaseSettings):
         env_file=ENV_FILE,
         env_file_encoding=ENV_FILE_ENCODING,
         extra="ignore",
+        env_parse_none_str="none",  # e.g. KV_CACHE_TOKENS=none: an optional setting back to None
     )
 
     model: ModelSettings = ModelSettings()
