@@ -1,4 +1,4 @@
-"""Compiled decode steps: `torch.compile` of the model's own forward, one graph per slot count and cache length.
+"""Compiled decode steps: `torch.compile` of the model's own forward, one graph per slot count and block size.
 
 A decode step (every row one new token) keeps its row count symbolic (one row is padded to two, as a size of 1
 would be specialised on), and its cached columns are rounded up to a multiple of `KV_STEP` and kept symbolic, so
@@ -61,7 +61,7 @@ AUTOTUNE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
 }
 
 _compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[bool, Callable[..., object]]] = weakref.WeakKeyDictionary()
-_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int, int, bool], StepCompiler]] = (
+_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int, bool], StepCompiler]] = (
     weakref.WeakKeyDictionary()
 )
 _lock = threading.RLock()
@@ -167,16 +167,16 @@ Warm = Callable[[Callable[..., object], Bucket], None]  # runs one step of a buc
 
 
 def step_compiler(
-    model: PreTrainedModel, capacity: int, max_len: int, block_size: int, autotune: bool, warm: Warm
+    model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm
 ) -> StepCompiler:
-    """The compiler of this model's decode steps for a slot count, cache length and block size: batchers of one
-    shape share it, so a batcher made after another finds the graph ready."""
+    """The compiler of this model's decode steps for a slot count and block size: batchers of one shape share it
+    (a race's two lanes, whatever their context and pool), so a batcher made after another finds the graph ready."""
     with _lock:
         compilers = _compilers.setdefault(model, {})
-        key = (capacity, max_len, block_size, autotune)
+        key = (capacity, block_size, autotune)
         compiler = compilers.get(key)
         if compiler is None:
-            compiler = compilers[key] = StepCompiler(model, capacity, max_len, block_size, autotune, warm)
+            compiler = compilers[key] = StepCompiler(model, capacity, block_size, autotune, warm)
         return compiler
 
 
@@ -215,11 +215,10 @@ class StepCompiler:
     """
 
     def __init__(
-        self, model: PreTrainedModel, capacity: int, max_len: int, block_size: int, autotune: bool, warm: Warm
+        self, model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm
     ) -> None:
         self.forward = compiled_forward(model, autotune)
         self.capacity = capacity
-        self.max_len = max_len
         # Columns are rounded to whole blocks and to KV_STEP (both powers of two).
         self.column_step = max(KV_STEP, block_size)
         self.compile_s: float | None = None  # how long making the graph took, once made

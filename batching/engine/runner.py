@@ -60,7 +60,7 @@ class ModelRunner:
         if compile_steps:
             # A weak reference: the compiler is a value of a weak dictionary keyed by this model.
             warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id, pool.block_size)
-            self.compiler = step_compiler(model, capacity, max_len, pool.block_size, compile_autotune, warm)
+            self.compiler = step_compiler(model, capacity, pool.block_size, compile_autotune, warm)
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None

@@ -306,9 +306,9 @@ def test_a_decode_graph_that_cannot_be_made_leaves_the_steps_eager_and_is_not_tr
     tiny_model_dirs, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = loaded(str(tiny_model_dirs["llama"]))
-    # A graph on this model already: a cache of another length is a re-trace of it, which dynamo refuses below.
+    # A graph on this model already: a cache of another block size is a re-trace of it, which dynamo refuses below.
     Batcher(model.model, model.tokenizer, FALLBACK).runner.compiler.compile_now()
-    batcher = Batcher(model.model, model.tokenizer, replace(FALLBACK, max_seq_len=FALLBACK.max_seq_len - 1))
+    batcher = Batcher(model.model, model.tokenizer, replace(FALLBACK, block_size=FALLBACK.block_size // 2))
     compiler = batcher.runner.compiler
     assert compiler is not None
     prompt, cap = [9, 10, 11], 20
