@@ -278,7 +278,7 @@ class Batcher:
         return MemoryView(
             block_size=pool.block_size,
             usage=pool.usage(),
-            tokens=sum(cache.lengths[: cache.active_rows]),
+            tokens=sum(cache.lengths[: cache.active_rows]) - pool.held_twice(),
             tables=tables,
             preemptions=self.preemptions,
             prefix_queries=pool.prefix_queries,

@@ -67,6 +67,7 @@ class BlockPool:
         self._hash_of: dict[int, BlockHash] = {}
         self._block_of: dict[BlockHash, int] = {}
         self._shared = 0
+        self._extra_refs = 0  # references beyond the first, over all blocks: tokens held twice are counted once
         self.tables: dict[str, list[int]] = {}
         self._hashed: dict[str, int] = {}  # how many leading blocks of each table are hashed
         self.prefix_queries = 0  # prompt tokens looked up
@@ -80,6 +81,10 @@ class BlockPool:
     def missing(self, request_id: str, tokens: int) -> int:
         """Blocks the request lacks to hold `tokens` positions in all."""
         return max(0, self.blocks_for(tokens) - len(self.tables.get(request_id, ())))
+
+    def held_twice(self) -> int:
+        """Positions that more than one request holds, counted once per extra holder (shared blocks are full)."""
+        return self._extra_refs * self.block_size
 
     def usage(self) -> PoolUsage:
         cached = len(self._cached)
@@ -121,14 +126,16 @@ class BlockPool:
     def _hold(self, block: int) -> None:
         if self._refs[block] == 0:
             del self._cached[block]
-        elif self._refs[block] == 1:
-            self._shared += 1
+        else:
+            self._extra_refs += 1
+            self._shared += self._refs[block] == 1
         self._refs[block] += 1
 
     def _drop(self, block: int) -> None:
         self._refs[block] -= 1
-        if self._refs[block] == 1:
-            self._shared -= 1
+        if self._refs[block] >= 1:
+            self._extra_refs -= 1
+            self._shared -= self._refs[block] == 1
         elif self._refs[block] == 0:
             if block in self._hash_of:
                 self._cached[block] = None

@@ -166,9 +166,7 @@ def _run_model(model: PreTrainedModel, **inputs: Any) -> object:
 Warm = Callable[[Callable[..., object], Bucket], None]  # runs one step of a bucket through a compiled forward
 
 
-def step_compiler(
-    model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm
-) -> StepCompiler:
+def step_compiler(model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm) -> StepCompiler:
     """The compiler of this model's decode steps for a slot count and block size: batchers of one shape share it
     (a race's two lanes, whatever their context and pool), so a batcher made after another finds the graph ready."""
     with _lock:
@@ -214,9 +212,7 @@ class StepCompiler:
     provides it), which is what makes the graph.
     """
 
-    def __init__(
-        self, model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm) -> None:
         self.forward = compiled_forward(model, autotune)
         self.capacity = capacity
         # Columns are rounded to whole blocks and to KV_STEP (both powers of two).

@@ -45,7 +45,7 @@ def test_full_blocks_are_hashed_by_their_parent_and_tokens_and_a_prefix_hit_shar
     assert pool.adopt_prefix("b", prompt) == 8
     assert pool.tables["b"] == pool.tables["a"][:2]
     assert [pool.refs(block) for block in pool.tables["a"]] == [2, 2, 1]
-    assert pool.usage().shared == 2
+    assert pool.usage().shared == 2 and pool.held_twice() == 8
     # A prompt that differs in its second block shares only the first: the hash chains through the parent.
     other = [*prompt[:4], 1, 2, 3, 4, *prompt[8:]]
     assert pool.adopt_prefix("c", other) == 4

@@ -79,6 +79,8 @@ def test_a_cached_prefix_is_not_computed_again_and_the_answer_is_unchanged(tiny_
         assert list(finished[request.request_id].output_ids) == reference(model.model, prompt, cap)
     prefilled = sum(step.prefill_tokens for step in steps_of(events))
     assert prefilled == sum(len(p) for p in prompts) - 3 * hit  # the hits' tokens were never computed
+    for step in steps_of(events):  # a shared block's tokens are counted once: never more than the blocks reserved
+        assert step.memory is not None and step.memory.tokens <= step.memory.reserved
     memory = steps_of(events)[-1].memory
     assert memory is not None and memory.prefix_hits == 3 * hit
     assert_every_block_came_back(batcher)
