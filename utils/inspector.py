@@ -89,18 +89,26 @@ class WasteMeters:
     budget_fill_mean: float  # tokens per step / the scheduler's token budget, 0 to 1
     budget_fill_p50: float
     budget_fill_p90: float
+    # KV positions reserved (whole blocks held) but holding no token, summed over steps (position-steps)
+    kv_reserved_unused: int = 0
+    kv_reserved: int = 0  # KV positions reserved, summed over steps (position-steps)
 
     @property
     def slot_use(self) -> float:
         return self.slot_steps_used / self.slot_steps if self.slot_steps else math.nan
 
+    @property
+    def kv_unused_share(self) -> float:
+        """Of the KV positions reserved over the run (summed over steps), the share that never held a token."""
+        return self.kv_reserved_unused / self.kv_reserved if self.kv_reserved else math.nan
+
     def as_dict(self) -> dict[str, float]:
-        return {**self.__dict__, "slot_use": self.slot_use}
+        return {**self.__dict__, "slot_use": self.slot_use, "kv_unused_share": self.kv_unused_share}
 
 
 def waste_meters(run: RunRecord) -> WasteMeters:
-    """Add up what every step's rows computed."""
-    used = held = padding = 0
+    """Add up what every step's rows computed, and the KV positions its pool reserved without a token in them."""
+    used = held = padding = reserved = unused = 0
     per_step: list[int] = []
     fills: list[float] = []
     for event in run.steps:
@@ -113,6 +121,9 @@ def waste_meters(run: RunRecord) -> WasteMeters:
             elif row.tokens:
                 used += 1
         per_step.append(tokens)
+        if event.memory is not None:
+            reserved += event.memory.reserved
+            unused += max(0, event.memory.reserved - event.memory.tokens)
         if event.token_budget:
             fills.append(tokens / event.token_budget)
     slots = sum(len(event.slots) for event in run.steps)
@@ -127,6 +138,8 @@ def waste_meters(run: RunRecord) -> WasteMeters:
         budget_fill_mean=sum(fills) / len(fills) if fills else math.nan,
         budget_fill_p50=percentile(fills, 50),
         budget_fill_p90=percentile(fills, 90),
+        kv_reserved_unused=unused,
+        kv_reserved=reserved,
     )
 
 
