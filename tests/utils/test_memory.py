@@ -13,7 +13,8 @@ from batching.engine.events import MemoryView, StepEvent
 from batching.engine.params import RequestParams
 from batching.runs import RunRecord
 from tests.engine.helpers import loaded
-from utils.inspector import waste_meters
+from utils.inspector import PREFIX_HIT, RECOMPUTED, grid_frame, waste_meters
+from utils.inspector_charts import token_grid_chart
 from utils.memory import (
     CACHED,
     FREE,
@@ -131,3 +132,40 @@ def test_a_tight_pool_shows_preemptions(llama) -> None:
     numbers = memory_numbers(run)
     assert numbers is not None and numbers.preemptions == len(run.preempted) >= 1
     assert "1 preemption" in numbers.line() or f"{numbers.preemptions} preemptions" in numbers.line()
+
+
+def test_the_token_grid_marks_tokens_recomputed_after_a_preemption(llama) -> None:
+    options = BatcherOptions(max_batch_size=2, max_batched_tokens=16, block_size=4, kv_blocks=8)
+    run = _run(llama, "continuous", [[5] * 6, [7] * 6], [20, 20], options)
+    frame, _ = grid_frame(run, {"r1": "#2"})
+    marked = frame[frame["mark"] == RECOMPUTED]
+    preempted = {event.request_id for event in run.preempted}
+    assert len(marked) >= 1 and preempted
+    # the marked cells are the returning request's chunks, starting below what it had computed (its own cached
+    # full blocks are a hit: the rest is computed again)
+    steps = {(row.request_id, row.first_position) for _, cell in marked.iterrows() for row in _rows(run, cell)}
+    assert {request for request, _ in steps} == preempted
+    assert min(position for _, position in steps) < min(event.recompute for event in run.preempted)
+    assert (frame["mark"] != PREFIX_HIT).all()
+    spec = token_grid_chart(frame, 2, 1).to_dict()
+    assert spec["encoding"]["stroke"]["scale"]["domain"] == ["", RECOMPUTED, PREFIX_HIT]
+
+
+def test_the_token_grid_marks_a_first_prompt_chunk_after_a_prefix_hit(llama) -> None:
+    batcher = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_batch_size=2, block_size=4), mode="continuous")
+    shared = list(range(20, 33))  # 13 tokens: three full blocks of 4 are cached after the first request
+    record = RunRecord("continuous", 0.0)
+    batcher.add([*shared, 40], RequestParams(2, ignore_eos=True), request_id="first")
+    record.extend(batcher.run())
+    batcher.add([*shared, 41, 42], RequestParams(2, ignore_eos=True), request_id="second")
+    record.extend(batcher.run())
+    frame, _ = grid_frame(record, {})
+    hits = frame[frame["mark"] == PREFIX_HIT]
+    assert len(hits) == 1 and hits.iloc[0]["positions"].startswith("12–")  # positions 0-11 came from the cache
+    assert (frame["mark"] != RECOMPUTED).all()
+
+
+def _rows(run: RunRecord, cell) -> list:
+    """The rows of the step and slot a grid cell stands for (one step per column here)."""
+    step = run.steps[int(cell["first_step"])]
+    return [row for row in step.rows if row.slot == int(cell["slot"]) - 1]
