@@ -13,6 +13,7 @@ import pandas as pd
 
 from batching.engine.events import RowKind, StepEvent, StepRow
 from batching.runs import RunRecord
+from utils import memory
 from utils.metrics import percentile
 
 IDLE = "idle"
@@ -158,7 +159,7 @@ def waste_meters(run: RunRecord) -> WasteMeters:
         per_step.append(tokens)
         if event.memory is not None:
             reserved += event.memory.reserved
-            unused += max(0, event.memory.reserved - event.memory.tokens)
+            unused += memory.unused(event.memory)
         if event.token_budget:
             fills.append(tokens / event.token_budget)
     slots = sum(len(event.slots) for event in run.steps)

@@ -28,6 +28,19 @@ RESERVED = "positions reserved (whole blocks held)"
 OTHERS = "other user"
 
 
+def holding(view: MemoryView) -> int:
+    """Positions of the pool holding a token, each counted once: a block several requests share after a prefix hit
+    (always a full one) is counted by every holder in `view.tokens`, so the extra holders' positions come off (the
+    block tables say who shares what; without them, as reported)."""
+    holders = Counter(block for _, table in view.tables for block in table)
+    return view.tokens - sum(count - 1 for count in holders.values()) * view.block_size
+
+
+def unused(view: MemoryView) -> int:
+    """Positions reserved (whole blocks held) with no token in them yet."""
+    return max(0, view.reserved - holding(view))
+
+
 def last_memory(run: RunRecord) -> MemoryView | None:
     """The pool after the run's latest step that reported one (None before any)."""
     for event in reversed(run.steps):
@@ -80,12 +93,13 @@ def block_tables_frame(view: MemoryView, labels: Mapping[str, str]) -> pd.DataFr
 
 
 def memory_steps_frame(run: RunRecord) -> pd.DataFrame:
-    """Long form, two rows per step (numbered from 1): positions holding tokens, and positions reserved."""
+    """Long form, two rows per step (numbered from 1): positions holding tokens (a shared block once), and
+    positions reserved."""
     rows = []
     for number, event in enumerate(run.steps, start=1):
         if event.memory is None:
             continue
-        rows.append({"step": number, "kind": HOLDING, "positions": event.memory.tokens})
+        rows.append({"step": number, "kind": HOLDING, "positions": holding(event.memory)})
         rows.append({"step": number, "kind": RESERVED, "positions": event.memory.reserved})
     return pd.DataFrame(rows, columns=STEP_COLUMNS)
 

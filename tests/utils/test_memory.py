@@ -23,11 +23,13 @@ from utils.memory import (
     RESERVED,
     SHARED,
     block_tables_frame,
+    holding,
     last_memory,
     memory_numbers,
     memory_steps_frame,
     peak_memory,
     pool_frame,
+    unused,
 )
 from utils.memory_charts import memory_steps_chart, pool_chart
 
@@ -169,3 +171,11 @@ def _rows(run: RunRecord, cell) -> list:
     """The rows of the step and slot a grid cell stands for (one step per column here)."""
     step = run.steps[int(cell["first_step"])]
     return [row for row in step.rows if row.slot == int(cell["slot"]) - 1]
+
+
+def test_a_block_shared_after_a_prefix_hit_holds_its_tokens_once() -> None:
+    # blocks of 4: r1 and r2 share block 0 (full), each has one block of its own; 4 + 3 and 4 + 2 tokens in rows
+    view = _view(in_use=3, tokens=13, shared=1, tables=(("r1", (0, 1)), ("r2", (0, 2))))
+    assert view.reserved == 12 and holding(view) == 9 and unused(view) == 3
+    assert memory_steps_frame(_record(view))["positions"].tolist() == [9, 12]
+    assert waste_meters(_record(view)).kv_reserved_unused == 3
