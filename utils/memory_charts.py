@@ -44,11 +44,14 @@ def pool_chart(frame: pd.DataFrame, title: str = "") -> alt.Chart:
     )
 
 
-def memory_steps_chart(frame: pd.DataFrame, x_max: int | None = None) -> alt.Chart:
+STEPS_TITLE = "KV positions per step: holding tokens vs reserved"
+
+
+def memory_steps_chart(frame: pd.DataFrame, x_max: int | None = None, title: str = STEPS_TITLE) -> alt.Chart:
     """Positions holding tokens (solid) and reserved (dashed) per step, `x_max` shared with the other lane."""
     scale = alt.Scale(domain=[1, x_max]) if x_max else alt.Undefined
     return (
-        alt.Chart(frame)
+        alt.Chart(frame, title=title)
         .mark_line(interpolate="step-after")
         .encode(
             x=alt.X("step:Q", title="engine step", scale=scale),

@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from app.sections.memory import HEADER, TABLES_PEAK
 from tests.app.test_app import add, generate, open_app, race_run, tiny_env  # noqa: F401 (a fixture)
 from utils.memory import BLOCK_STATES, HOLDING, RESERVED, memory_numbers
+from utils.memory_charts import STEPS_TITLE
 
 BLOCK = 16  # the settings' block size
 
@@ -49,7 +50,7 @@ def test_a_race_shows_both_lanes_pools_on_the_sidebars_kv_memory(tiny_env: Path)
         assert numbers is not None and numbers.blocks == 40 and numbers.peak_in_use > 0
         assert numbers.in_use == 0  # the race is over: every block came back (free or cached)
     assert at.session_state.race_run.setup["engine"]["kv_cache_tokens"] == 640  # what the lanes ran on
-    lines = [frame for _, frame in charts(at) if set(frame.columns) == {"step", "kind", "positions"}]
+    lines = [frame for spec, frame in charts(at) if spec.get("title") == STEPS_TITLE]
     assert len(lines) == 2  # continuous, then static
     for frame in lines:
         assert frame[frame["kind"] == RESERVED]["positions"].max() > 0
