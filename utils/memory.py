@@ -17,14 +17,14 @@ from batching.runs import RunRecord
 
 SHARED = "shared by several requests"
 IN_USE = "in use"
-CACHED = "cached (kept for a prefix hit)"
+CACHED = "cached"
 FREE = "free"
 BLOCK_STATES = (SHARED, IN_USE, CACHED, FREE)  # legend order: the waffle fills in this order
 POOL_COLUMNS = ["block", "row", "column", "state"]
 TABLE_COLUMNS = ["request", "blocks", "shared", "table"]
 STEP_COLUMNS = ["step", "kind", "positions"]
 HOLDING = "positions holding tokens"
-RESERVED = "positions reserved (whole blocks held)"
+RESERVED = "positions reserved"
 OTHERS = "other user"
 
 
@@ -55,7 +55,7 @@ def peak_memory(run: RunRecord) -> MemoryView | None:
     return max(views, key=lambda view: view.usage.in_use, default=None)
 
 
-def pool_frame(view: MemoryView, columns: int = 32) -> pd.DataFrame:
+def pool_frame(view: MemoryView, columns: int = 16) -> pd.DataFrame:
     """One row per block of the pool, coloured by state, laid out as a waffle `columns` wide (row by row).
 
     Blocks are ordered by state (shared, in use, cached, free), not by id: the pool reports how many are cached

@@ -28,7 +28,7 @@ def pool_chart(frame: pd.DataFrame, title: str = "") -> alt.Chart:
     rows = int(frame["row"].max()) + 1 if len(frame) else 1
     return (
         alt.Chart(frame, title=title)
-        .mark_square(size=90)
+        .mark_square(size=140, opacity=1)
         .encode(
             x=alt.X("column:O", axis=None),
             y=alt.Y("row:O", axis=None),
@@ -40,7 +40,7 @@ def pool_chart(frame: pd.DataFrame, title: str = "") -> alt.Chart:
             ),
             tooltip=[alt.Tooltip("state:N")],
         )
-        .properties(height=80 + 14 * rows)
+        .properties(height=150 + 20 * rows)  # Streamlit fits title and legend into the height too
     )
 
 
@@ -67,5 +67,5 @@ def memory_steps_chart(frame: pd.DataFrame, x_max: int | None = None, title: str
             ),
             tooltip=[alt.Tooltip("step:Q"), alt.Tooltip("kind:N"), alt.Tooltip("positions:Q")],
         )
-        .properties(height=200)
+        .properties(height=330)  # with its title, axis and legend: about 200 px of plot
     )
