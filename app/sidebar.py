@@ -193,3 +193,20 @@ def remote_server_choice(settings: Settings, controls: DeltaGenerator) -> Remote
         else:
             st.caption(f"Watching model **{escape_markdown(model or '')}** at {escape_markdown(endpoint.root)}")
     return RemoteChoice(endpoint, model, api, remote.telemetry_interval_s, problem)
+
+
+def kv_memory(controls: DeltaGenerator, default: int, block_size: int) -> int:
+    """The KV memory of each race lane, in token positions (the same pool size for both): squeeze it to watch
+    static waves shrink and continuous batching preempt."""
+    with controls:
+        tokens = st.number_input(
+            "KV memory (token positions)",
+            min_value=block_size,
+            max_value=1_048_576,
+            value=max(default, block_size),
+            step=block_size,
+            key="kv_memory",
+            help=f"Each lane's pool of KV blocks ({block_size} positions each; rounded down to whole blocks), the "
+            "same for both lanes. Less memory: static waves hold fewer requests, continuous batching preempts.",
+        )
+    return int(tokens)

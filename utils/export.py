@@ -34,6 +34,8 @@ _WASTE = (
     ("padding tokens computed", "padding_tokens", "{:d}"),
     ("tokens per step (mean)", "tokens_per_step_mean", "{:.1f}"),
     ("token budget filled (mean)", "budget_fill_mean", "{:.1%}"),
+    ("KV reserved but never used (position-steps)", "kv_reserved_unused", "{:,d}"),
+    ("KV reserved but never used (share)", "kv_unused_share", "{:.0%}"),
 )
 
 

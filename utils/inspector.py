@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from batching.engine.events import RowKind, StepEvent
+from batching.engine.events import RowKind, StepEvent, StepRow
 from batching.runs import RunRecord
+from utils import memory
 from utils.metrics import percentile
 
 IDLE = "idle"
@@ -20,7 +21,24 @@ OTHERS = "other user"
 PADDING = "padding"
 # What a cell of the grid shows, in legend order.
 CELL_KINDS = (RowKind.PREFILL.value, RowKind.DECODE.value, RowKind.HELD.value, PADDING, RowKind.WAITING.value, IDLE)
-GRID_COLUMNS = ["column", "first_step", "last_step", "slot", "kind", "request", "tokens", "padding", "positions"]
+GRID_COLUMNS = [
+    "column",
+    "first_step",
+    "last_step",
+    "slot",
+    "kind",
+    "request",
+    "tokens",
+    "padding",
+    "positions",
+    "mark",
+]
+# A cell's mark, beside its kind: tokens computed again after a preemption, or a first prompt chunk that starts
+# after a prefix hit (the cached tokens before it were never computed).
+NO_MARK = ""
+RECOMPUTED = "recomputed (after a preemption)"
+PREFIX_HIT = "after a prefix hit (cached tokens skipped)"
+MARKS = (NO_MARK, RECOMPUTED, PREFIX_HIT)
 
 
 def _cell_kind(tokens: int, padding: int, kind: RowKind) -> str:
@@ -37,9 +55,22 @@ def _positions(first: int, tokens: int) -> str:
     return str(first) if tokens == 1 else f"{first}–{first + tokens - 1}"
 
 
+def _mark(row: StepRow, computed: dict[str, int]) -> str:
+    """Whether a row's tokens are computed again (it starts before what its request already computed: it was
+    preempted), or are its first and start past 0 (a prefix hit); `computed` is updated with the row."""
+    if not row.tokens:
+        return NO_MARK
+    done = computed.get(row.request_id)
+    computed[row.request_id] = max(done or 0, row.first_position + row.tokens)
+    if done is None:
+        return PREFIX_HIT if row.kind is RowKind.PREFILL and row.first_position > 0 else NO_MARK
+    return RECOMPUTED if row.first_position < done else NO_MARK
+
+
 def grid_frame(run: RunRecord, labels: Mapping[str, str], max_columns: int = 600) -> tuple[pd.DataFrame, int]:
     """One cell per slot per step (or per group of `width` steps when a run has more steps than `max_columns`).
 
+    A cell's `mark` says when its tokens were computed again after a preemption, or start after a prefix hit.
     Returns the frame and the group width (1: every step has its own column). A grouped cell shows the kind
     its slot had most often in the group, and the sums of its tokens and padding.
     """
@@ -47,23 +78,28 @@ def grid_frame(run: RunRecord, labels: Mapping[str, str], max_columns: int = 600
     width = max(1, math.ceil(len(steps) / max_columns)) if steps else 1
     cells: dict[tuple[int, int], dict] = {}
     counts: dict[tuple[int, int], dict[str, int]] = {}
+    computed: dict[str, int] = {}  # each request's positions computed so far (the next one's index)
     for number, event in enumerate(steps):  # numbered from 0 within this run (the shared engine's own count differs)
         column = number // width
         by_slot = {row.slot: row for row in event.rows}
         for slot in range(len(event.slots)):
             key = (column, slot)
             row = by_slot.get(slot)
+            mark = NO_MARK
             if row is None:
                 kind, request, tokens, padding, positions = IDLE, "", 0, 0, ""
             else:
+                mark = _mark(row, computed)
                 kind = _cell_kind(row.tokens, row.padding, row.kind)
                 request = labels.get(row.request_id, OTHERS)
                 tokens, padding = row.tokens, row.padding
                 positions = _positions(row.first_position, row.tokens)
             cell = cells.setdefault(
                 key,
-                {"column": column, "first_step": number, "slot": slot + 1, "tokens": 0, "padding": 0},
+                {"column": column, "first_step": number, "slot": slot + 1, "tokens": 0, "padding": 0, "mark": NO_MARK},
             )
+            if mark != NO_MARK and cell["mark"] == NO_MARK:
+                cell["mark"] = mark
             cell["last_step"] = number
             cell["tokens"] += tokens
             cell["padding"] += padding
@@ -89,18 +125,26 @@ class WasteMeters:
     budget_fill_mean: float  # tokens per step / the scheduler's token budget, 0 to 1
     budget_fill_p50: float
     budget_fill_p90: float
+    # KV positions reserved (whole blocks held) but holding no token, summed over steps (position-steps)
+    kv_reserved_unused: int = 0
+    kv_reserved: int = 0  # KV positions reserved, summed over steps (position-steps)
 
     @property
     def slot_use(self) -> float:
         return self.slot_steps_used / self.slot_steps if self.slot_steps else math.nan
 
+    @property
+    def kv_unused_share(self) -> float:
+        """Of the KV positions reserved over the run (summed over steps), the share that never held a token."""
+        return self.kv_reserved_unused / self.kv_reserved if self.kv_reserved else math.nan
+
     def as_dict(self) -> dict[str, float]:
-        return {**self.__dict__, "slot_use": self.slot_use}
+        return {**self.__dict__, "slot_use": self.slot_use, "kv_unused_share": self.kv_unused_share}
 
 
 def waste_meters(run: RunRecord) -> WasteMeters:
-    """Add up what every step's rows computed."""
-    used = held = padding = 0
+    """Add up what every step's rows computed, and the KV positions its pool reserved without a token in them."""
+    used = held = padding = reserved = unused = 0
     per_step: list[int] = []
     fills: list[float] = []
     for event in run.steps:
@@ -113,6 +157,9 @@ def waste_meters(run: RunRecord) -> WasteMeters:
             elif row.tokens:
                 used += 1
         per_step.append(tokens)
+        if event.memory is not None:
+            reserved += event.memory.reserved
+            unused += memory.unused(event.memory)
         if event.token_budget:
             fills.append(tokens / event.token_budget)
     slots = sum(len(event.slots) for event in run.steps)
@@ -127,6 +174,8 @@ def waste_meters(run: RunRecord) -> WasteMeters:
         budget_fill_mean=sum(fills) / len(fills) if fills else math.nan,
         budget_fill_p50=percentile(fills, 50),
         budget_fill_p90=percentile(fills, 90),
+        kv_reserved_unused=unused,
+        kv_reserved=reserved,
     )
 
 

@@ -9,7 +9,7 @@ import altair as alt
 import pandas as pd
 
 from batching.engine.mask_view import CELL_NAMES
-from utils.inspector import CELL_KINDS
+from utils.inspector import CELL_KINDS, MARKS, NO_MARK
 from utils.plain_text import isolated_html
 
 # prefill, decode, held, padding, waiting, idle: the same amber for "held" as the occupancy charts.
@@ -18,8 +18,9 @@ _KIND_COLORS = ["#10b981", "#3b82f6", "#f59e0b", "#ef4444", "#a3a3a3", "#e5e7eb"
 GRID_CAPTION = (
     "One cell per slot per step: green = prompt tokens (a prefill chunk), blue = one decode token, amber = a "
     "finished request still holding its slot, red = padding computed for nothing, grey = admitted but waiting for "
-    "token budget, light = idle. Hover a cell for the request, its tokens and positions; pick a step below to "
-    "look inside it."
+    "token budget, light = idle. A black outline marks tokens computed again after a preemption, a purple one a "
+    "first prompt chunk after a prefix hit (its cached tokens never computed). Hover a cell for the request, its "
+    "tokens and positions; pick a step below to look inside it."
 )
 
 
@@ -43,6 +44,13 @@ def token_grid_chart(
                 scale=alt.Scale(domain=list(CELL_KINDS), range=_KIND_COLORS),
                 legend=alt.Legend(orient="bottom"),
             ),
+            stroke=alt.Stroke(
+                "mark:N",
+                title="marked",
+                scale=alt.Scale(domain=list(MARKS), range=["transparent", "#111827", "#7c3aed"]),
+                legend=alt.Legend(orient="bottom", values=[mark for mark in MARKS if mark != NO_MARK]),
+            ),
+            strokeWidth=alt.condition(f"datum.mark != '{NO_MARK}'", alt.value(2.5), alt.value(0)),
             tooltip=[
                 alt.Tooltip("first_step:Q", title="step"),
                 alt.Tooltip("last_step:Q", title="to step"),
@@ -52,6 +60,7 @@ def token_grid_chart(
                 alt.Tooltip("tokens:Q"),
                 alt.Tooltip("padding:Q"),
                 alt.Tooltip("positions:N"),
+                alt.Tooltip("mark:N"),
             ],
         )
         .properties(height=120 + 22 * slots)  # Streamlit fits title, axes and legend into the height too

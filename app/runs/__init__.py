@@ -9,6 +9,7 @@ from typing import Protocol
 
 from app.frame import Frame
 from batching.arrivals import Schedule
+from batching.engine.batcher import BatcherOptions
 
 
 class FollowedRun(Protocol):
@@ -39,13 +40,15 @@ class ViewRunBase(ABC):
             self.stop()
 
 
-def engine_setup(frame: Frame, run: str, compare: bool, pause_ms: int, schedule: Schedule) -> dict:
-    """What a run on the built-in engine was asked to do, for the export."""
+def engine_setup(
+    frame: Frame, run: str, compare: bool, pause_ms: int, schedule: Schedule, options: BatcherOptions | None = None
+) -> dict:
+    """What a run on the built-in engine was asked to do (on `options`, default the frame's), for the export."""
     choices = frame.choices
     return {
         "model": frame.service.info.name,
         "run": run,
-        "engine": asdict(frame.options),
+        "engine": asdict(options or frame.options),
         "sampling": asdict(choices.sampling),
         "arrivals": schedule.description,
         "system_prompt": choices.system_prompt,

@@ -3,7 +3,7 @@ process on fair clocks (`batching.race`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import streamlit as st
 
@@ -11,6 +11,7 @@ from app.frame import Frame
 from app.prompt_queue import PromptQueue
 from app.race_view import RaceRun
 from app.runs import ViewRunBase, engine_setup
+from batching.engine.batcher import BatcherOptions
 from batching.service import RaceHandle
 
 KEY = "race_run"
@@ -50,21 +51,37 @@ class RaceViewRun(ViewRunBase):
             self.handle.set_pause(pause_ms / 1000)
 
 
-def start(frame: Frame, pause_ms: int, queue: PromptQueue) -> None:
-    """Start the queue racing on a continuous and a static lane of this tab's own, in the engine process."""
+def kv_default(frame: Frame) -> int:
+    """The KV memory the settings give a batcher, in token positions (whole blocks)."""
+    options = frame.options
+    blocks = options.pool_blocks(frame.builder.context_length, frame.service.info.kv_bytes_per_token)
+    return blocks * options.block_size
+
+
+def lane_options(frame: Frame, kv_tokens: int) -> BatcherOptions:
+    """Both lanes' batcher: the sidebar's choices, with the KV memory chosen for the race."""
+    return replace(frame.options, kv_blocks=None, kv_cache_mb=None, kv_cache_tokens=kv_tokens)
+
+
+def start(frame: Frame, pause_ms: int, kv_tokens: int, queue: PromptQueue) -> None:
+    """Start the queue racing on a continuous and a static lane of this tab's own (the same KV memory each), in the
+    engine process."""
     state = st.session_state
+    options = lane_options(frame, kv_tokens)
     choices = frame.choices
     schedule = choices.schedule(len(queue))
     race = RaceRun(f"t{id(state)}/", choices.batch_size, choices.sampling)
     for item, offset in zip(queue.items, schedule.due, strict=True):
         race.plan(item.prompt, frame.formatted(item.prompt), item.max_new_tokens, offset)
     try:
-        handle = frame.service.start_race(frame.options, race.items(), schedule, pause_ms / 1000)
+        handle = frame.service.start_race(options, race.items(), schedule, pause_ms / 1000)
     except ValueError as exc:
         state.queue_message = str(exc)
         return
     items = {item.item_id for item in queue.items}
-    state[KEY] = RaceViewRun(race, handle, items, pause_ms, engine_setup(frame, "race", True, pause_ms, schedule))
+    state[KEY] = RaceViewRun(
+        race, handle, items, pause_ms, engine_setup(frame, "race", True, pause_ms, schedule, options)
+    )
     state.queue_message = None
 
 

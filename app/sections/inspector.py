@@ -34,12 +34,18 @@ def inspector_section(
         st.info("This run has no step detail to show.")
         return
     waste = meters[mode]
-    columns = st.columns(5)
+    columns = st.columns(6)
     columns[0].metric("slot-steps doing work", f"{waste.slot_use:.0%}", help="of slots × steps")
     columns[1].metric("held by finished requests", waste.slot_steps_held, help="slot-steps (static waves)")
     columns[2].metric("padding tokens computed", waste.padding_tokens)
     columns[3].metric("tokens per step", f"{waste.tokens_per_step_mean:.1f}", help="prompt + decode, mean")
     columns[4].metric("token budget filled", f"{waste.budget_fill_mean:.1%}", help="mean over steps")
+    columns[5].metric(
+        "KV reserved, never used",
+        "–" if waste.kv_reserved == 0 else f"{waste.kv_unused_share:.0%}",
+        help=f"{waste.kv_reserved_unused:,} of {waste.kv_reserved:,} reserved KV positions held no token, summed "
+        "over steps (position-steps)",
+    )
     frame, width = grid_frame(record, labels)
     if width > 1:
         st.caption(f"{len(record.steps)} steps: each column shows {width} steps (the kind a slot had most often).")

@@ -13,16 +13,20 @@ from app.sections.answers import race_answers_section, race_stream
 from app.sections.charts import RACE_NOTES, engine_layout, race_charts
 from app.sections.export import export_section
 from app.sections.inspector import LANE_RUN_NAMES, inspector_section
+from app.sections.memory import memory_charts, memory_layout
 from app.sections.numbers import numbers_section
 from app.sections.queue import queue_section, run_buttons
-from app.sidebar import slow_motion
+from app.sidebar import kv_memory, slow_motion
 from utils.inspector import waste_meters
 
 frame = current_frame()
 pause_ms = slow_motion(frame.controls)
+kv_tokens = kv_memory(frame.controls, race.kv_default(frame), frame.options.block_size)
 queue = queue_section(frame)
 kept: race.RaceViewRun | None = st.session_state.get(race.KEY)
-buttons = run_buttons(queue, partial(race.start, frame, pause_ms), race.stop, kept is not None and kept.running)
+buttons = run_buttons(
+    queue, partial(race.start, frame, pause_ms, kv_tokens), race.stop, kept is not None and kept.running
+)
 if kept is None:
     st.stop()
 if buttons.running:  # prompts added since join both lanes; a new slow motion applies now
@@ -31,7 +35,15 @@ if buttons.running:  # prompts added since join both lanes; a new slow motion ap
 lanes = kept.run
 progress_slot, answer_slots = race_answers_section(lanes)
 layout = engine_layout(RACE_NOTES)
-race_stream(lanes, kept.handle, progress_slot, answer_slots, partial(race_charts, lanes, layout))
+memory = memory_layout(tuple(lanes.lanes))
+
+
+def draw_charts() -> None:
+    race_charts(lanes, layout)
+    memory_charts(lanes, memory)
+
+
+race_stream(lanes, kept.handle, progress_slot, answer_slots, draw_charts)
 if buttons.running:  # the race ended during this script run
     kept.handle.close()
     buttons.run_ended()

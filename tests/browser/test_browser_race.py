@@ -51,7 +51,7 @@ def test_a_race_at_real_speed_ends_with_both_lanes_answered_and_the_speedup(page
     assert len(continuous) == len(static) == 11
     assert continuous == static  # greedy: the same answers, scheduled differently
     assert page.get_by_text("continuous: 11 of 11 done").count() == 1
-    assert main.get_by_test_id("stVegaLiteChart").count() == 8  # 3 charts x 2 lanes, the token grid, the mask
+    assert main.get_by_test_id("stVegaLiteChart").count() == 12  # 3 charts + 2 of memory x 2 lanes, grid, mask
     assert main.get_by_text("the ratio of the two clocks").count() == 1
 
 
