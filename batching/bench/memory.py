@@ -6,7 +6,8 @@ One model (the embedded one by default), one run of each configuration, all unde
 the whole context. On seed-blog and a seeded 64-request random workload: static batching and continuous batching
 with 8 slots (every slot its whole context, as before paging), then both with more slots (`--slots`) sharing that
 memory as a pool: continuous admits by free blocks, static waves reserve (longest prompt + largest cap) per member.
-On customer-support (every prompt starts with the same system prompt): continuous with prefix caching on and off.
+On customer-support (every prompt starts with the same system prompt): continuous with prefix caching on and off,
+its requests all at once and on seeded Poisson arrivals.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from utils.export import json_safe
 from utils.log_setup import configure_logging
 
 FULL_SLOTS = 8  # the memory budget: this many slots of the whole context
+SUPPORT_RATE = 8.0  # requests/s of customer-support's spread-out arrivals (seeded)
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,16 @@ def configs(budget: int, slots: int, random_requests: int) -> list[tuple[str, li
             Config(f"continuous, {slots} slots", "continuous", more),
         ]
         paging.append((name, runs))
+    # At once, the first step admits 8 prompts and none finds another's blocks cached yet (blocks are cached once
+    # computed, as in vLLM); with arrivals spread out, each later prompt finds the system prompt's blocks.
     support = ("--workload", "customer-support", "--batch-size", str(FULL_SLOTS), *pooled)
-    prefix = [
-        Config("continuous, prefix caching on", "continuous", support),
-        Config("continuous, prefix caching off", "continuous", (*support, "--no-prefix-caching")),
-    ]
+    prefix = []
+    spread = (*support, "--rate", str(SUPPORT_RATE))
+    for arrivals, flags in (("at once", support), (f"Poisson {SUPPORT_RATE:g}/s", spread)):
+        prefix += [
+            Config(f"continuous, {arrivals}, prefix caching on", "continuous", flags),
+            Config(f"continuous, {arrivals}, prefix caching off", "continuous", (*flags, "--no-prefix-caching")),
+        ]
     return [*paging, ("customer-support", prefix)]
 
 
@@ -107,13 +114,14 @@ def format_tables(result: dict) -> str:
         f"median of {result['repeat']}",
         _table(header, rows),
     ]
-    on, off = result["workloads"]["customer-support"]
-    ttft_on, ttft_off = on["ttft_s"]["p50"], off["ttft_s"]["p50"]
-    lines.append(
-        f"prefix caching on customer-support: TTFT p50 {ttft_on * 1000:.1f} ms on vs {ttft_off * 1000:.1f} ms off "
-        f"({(1 - ttft_on / ttft_off) * 100:.0f}% less), {on['memory']['prefix_hits']} of "
-        f"{on['memory']['prefix_queries']} prompt tokens found cached"
-    )
+    support = result["workloads"]["customer-support"]
+    for on, off in zip(support[::2], support[1::2], strict=True):
+        ttft_on, ttft_off = on["ttft_s"]["p50"], off["ttft_s"]["p50"]
+        lines.append(
+            f"prefix caching, {on['label'].split(', ')[1]}: TTFT p50 {ttft_on * 1000:.1f} ms on vs "
+            f"{ttft_off * 1000:.1f} ms off ({(1 - ttft_on / ttft_off) * 100:.0f}% less), "
+            f"{on['memory']['prefix_hits']} of {on['memory']['prefix_queries']} prompt tokens found cached"
+        )
     return "\n".join(lines)
 
 

@@ -21,7 +21,8 @@ def test_every_run_has_the_kv_memory_of_eight_full_slots_and_the_paged_ones_have
             assert flags[flags.index("--kv-cache-tokens") + 1] == "8192"
     slots = [run.flags[run.flags.index("--batch-size") + 1] for run in plan[0][1]]
     assert slots == [str(FULL_SLOTS), str(FULL_SLOTS), "32", "32"]
-    assert "--no-prefix-caching" in plan[2][1][1].flags and "--no-prefix-caching" not in plan[2][1][0].flags
+    caching = ["--no-prefix-caching" not in run.flags for run in plan[2][1]]
+    assert caching == [True, False, True, False]  # on and off, at once then spread out
 
 
 def test_runs_report_the_pool_and_the_table_says_how_much_prefix_caching_cut_ttft(
@@ -34,8 +35,9 @@ def test_runs_report_the_pool_and_the_table_says_how_much_prefix_caching_cut_ttf
     try:
         loaded = load(build_parser().parse_args(["--workload", workload, *common]), load_settings())
         flags = ("--workload", workload, "--batch-size", "3", "--kv-cache-tokens", "640")
-        on = run_config(Config("on", "continuous", flags), loaded, common, repeat=1)
-        off = run_config(Config("off", "continuous", (*flags, "--no-prefix-caching")), loaded, common, repeat=1)
+        on = run_config(Config("continuous, at once, on", "continuous", flags), loaded, common, repeat=1)
+        off_flags = (*flags, "--no-prefix-caching")
+        off = run_config(Config("continuous, at once, off", "continuous", off_flags), loaded, common, repeat=1)
     finally:
         torch.set_num_threads(threads)
     assert on["memory"]["pool_positions"] == 640 and on["slots"] == 3
@@ -45,4 +47,4 @@ def test_runs_report_the_pool_and_the_table_says_how_much_prefix_caching_cut_ttf
     result = {"model": "tiny", "threads": 1, "repeat": 1, "budget": budget, "workloads": workloads}
     table = format_tables(result)
     assert "640 positions (40 blocks of 16)" in table
-    assert "prefix caching on customer-support: TTFT p50" in table and "% less)" in table
+    assert "prefix caching, at once: TTFT p50" in table and "% less)" in table
