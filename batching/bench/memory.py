@@ -119,7 +119,7 @@ def format_tables(result: dict) -> str:
         ttft_on, ttft_off = on["ttft_s"]["p50"], off["ttft_s"]["p50"]
         lines.append(
             f"prefix caching, {on['label'].split(', ')[1]}: TTFT p50 {ttft_on * 1000:.1f} ms on vs "
-            f"{ttft_off * 1000:.1f} ms off ({(1 - ttft_on / ttft_off) * 100:.0f}% less), "
+            f"{ttft_off * 1000:.1f} ms off ({(ttft_on / ttft_off - 1) * 100:+.0f}%), "
             f"{on['memory']['prefix_hits']} of {on['memory']['prefix_queries']} prompt tokens found cached"
         )
     return "\n".join(lines)
