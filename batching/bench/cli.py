@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--random-prompt-words", default="4:40", help="random workload: prompt words LOW:HIGH")
     parser.add_argument("--random-max-new-tokens", default="8:256", help="random workload: caps LOW:HIGH")
     parser.add_argument("--random-dist", choices=DISTRIBUTIONS, default="exponential", help="random workload: caps")
+    parser.add_argument("--kv-cache-tokens", type=int, help="our KV pool, positions (default: all slots' context)")
+    parser.add_argument("--kv-cache-mb", type=float, help="KV pool of our modes in MiB (instead of --kv-cache-tokens)")
+    parser.add_argument("--block-size", type=int, help="KV positions per block (default: settings)")
+    parser.add_argument("--no-prefix-caching", action="store_true", help="continuous batching computes every prompt")
     parser.add_argument("--threads", type=int, help="torch CPU threads, and llama.cpp's (default: torch's)")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (default: on PATH, else xllamacpp)")
     parser.add_argument("--llamacpp-args", default="", help="more llama-server flags, e.g. '-fa on -kvu'")
@@ -145,7 +149,7 @@ class Inputs:
 
 def check_flags(args: argparse.Namespace) -> Inputs:
     """Everything that can be checked before loading the model: numbers, modes, workload, arrivals."""
-    for flag in ("batch_size", "max_batched_tokens", "max_new_tokens", "threads", "repeat"):
+    for flag in ("batch_size", "max_batched_tokens", "max_new_tokens", "threads", "repeat", "kv_cache_tokens"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise BenchError(f"--{flag.replace('_', '-')}={value} is not allowed: must be >= 1")
@@ -184,10 +188,15 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
             max_seq_len=settings.batching.max_seq_len,
             step_detail=not args.no_step_detail,
             compile_autotune=settings.engine.compile_autotune,  # for the compiled mode
+            # The pool only as the flags set it (not the settings): without them, every slot's whole context.
+            block_size=args.block_size or settings.batching.block_size,
+            kv_cache_tokens=args.kv_cache_tokens,
+            kv_cache_mb=args.kv_cache_mb,
+            prefix_caching=settings.batching.prefix_caching and not args.no_prefix_caching,
         )
-    except ValueError as exc:  # batch size or token budget out of range
+        builder = request_builder(loaded.model, loaded.tokenizer, options)  # a pool under one block raises
+    except ValueError as exc:  # batch size, token budget or KV memory out of range
         raise BenchError(str(exc)) from None
-    builder = request_builder(loaded.model, loaded.tokenizer, options)
     prompt_ids, caps = [], []
     for index, item in enumerate(workload.requests):
         text = item.prompt if args.raw_prompts else format_prompt(item.prompt, *_template(settings))
@@ -472,6 +481,12 @@ def _benchmark(
         "batch_size": plan.options.max_batch_size,
         "policy": plan.options.policy,
         "max_batched_tokens": plan.options.max_batched_tokens,
+        "kv": {
+            "block_size": plan.options.block_size,
+            "kv_cache_tokens": plan.options.kv_cache_tokens,
+            "kv_cache_mb": plan.options.kv_cache_mb,
+            "prefix_caching": plan.options.prefix_caching,
+        },
         "ignore_eos": plan.ignore_eos,
         "repeat": args.repeat,
         "machine": machine_info(loaded),

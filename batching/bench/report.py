@@ -13,6 +13,7 @@ import torch
 import transformers
 
 from batching.bench.plan import ModeRun, Plan
+from batching.engine.events import StepEvent
 from model.loader import LoadedModel
 from utils.metrics import percentile, summarize
 
@@ -79,6 +80,34 @@ def step_time_stats(run: ModeRun, buckets: int = 4) -> dict:
     }
 
 
+def memory_stats(steps: Sequence[StepEvent]) -> dict | None:
+    """KV memory over a run, from each step's view of the block pool: peaks, reserved vs holding tokens,
+    preemptions and prefix-cache hits. None for a mode whose steps carry no pool (a peer)."""
+    views = [step.memory for step in steps if step.memory is not None]
+    if not views:
+        return None
+    last = views[-1]
+    pool = last.usage.total
+    reserved = sum(view.reserved for view in views)
+    peak_blocks = max(view.usage.in_use for view in views)
+    peak_tokens = max(view.tokens for view in views)
+    return {
+        "block_size": last.block_size,
+        "pool_blocks": pool,
+        "pool_positions": pool * last.block_size,
+        "peak_blocks": peak_blocks,
+        "peak_blocks_share": peak_blocks / pool if pool else math.nan,
+        "peak_tokens": peak_tokens,  # positions holding a token
+        "peak_reserved": max(view.reserved for view in views),  # positions in blocks held by requests
+        "used_over_reserved": sum(view.tokens for view in views) / reserved if reserved else math.nan,
+        "peak_running": max(step.active for step in steps),
+        "preemptions": last.preemptions,
+        "prefix_queries": last.prefix_queries,
+        "prefix_hits": last.prefix_hits,
+        "prefix_hit_rate": last.prefix_hits / last.prefix_queries if last.prefix_queries else math.nan,
+    }
+
+
 def _quarters(durations: Sequence[float]) -> dict:
     quarter = max(1, len(durations) // 4)
     first, last = statistics.fmean(durations[:quarter]), statistics.fmean(durations[-quarter:])
@@ -117,6 +146,7 @@ def mode_report(run: ModeRun, plan: Plan, runs: Sequence[ModeRun]) -> dict:
         "requests_finished": len(run.record.finished),
         "wall_s_runs": [other.record.wall_s for other in runs],
         "step_time": step_time_stats(run),
+        "memory": memory_stats(run.record.steps),
         "requests": requests,
     }
 
@@ -198,6 +228,7 @@ def format_report(result: dict) -> str:
             "",
             "step time: steps with prompt tokens, and decode-only steps against history",
             _step_time_table(result["modes"]),
+            *_memory_lines(result["modes"]),
         ]
     )
 
@@ -242,6 +273,31 @@ def _summary_table(modes: dict) -> str:
             ]
         )
     return _table(header, rows)
+
+
+def _memory_lines(modes: dict) -> list[str]:
+    """KV memory of our modes (the peers report none): nothing when no mode has a block pool."""
+    ours = {mode: figures["memory"] for mode, figures in modes.items() if figures.get("memory")}
+    if not ours:
+        return []
+    header = ["mode", "pool blocks x size", "peak blocks", "peak tokens", "peak reserved", "used/reserved"]
+    header += ["most running", "preemptions", "prefix hits / queries (rate)"]
+    rows = [
+        [
+            mode,
+            f"{memory['pool_blocks']} x {memory['block_size']}",
+            f"{memory['peak_blocks']} ({_fmt(memory['peak_blocks_share'], 100, 0)}%)",
+            f"{memory['peak_tokens']} ({_fmt(memory['peak_tokens'] / memory['pool_positions'], 100, 0)}%)",
+            str(memory["peak_reserved"]),
+            f"{_fmt(memory['used_over_reserved'], 100, 0)}%",
+            str(memory["peak_running"]),
+            str(memory["preemptions"]),
+            f"{memory['prefix_hits']} / {memory['prefix_queries']} ({_fmt(memory['prefix_hit_rate'], 100, 0)}%)",
+        ]
+        for mode, memory in ours.items()
+    ]
+    title = "KV memory: blocks held by requests, positions holding tokens, and the pool's reuse"
+    return ["", title, _table(header, rows)]
 
 
 def _step_time_table(modes: dict) -> str:

@@ -51,6 +51,7 @@ ENGINES: tuple[EngineNames, ...] = (
         ("batchscope:num_requests_running",),
         ("batchscope:num_requests_waiting",),
         ("batchscope:kv_cache_usage_perc",),
+        ("batchscope:num_preemptions_total",),
     ),
 )
 FIGURES = ("running", "waiting", "cache_usage", "preemptions")

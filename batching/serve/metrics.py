@@ -1,7 +1,8 @@
 """Prometheus metrics with vLLM's names (under `batchscope:`), so dashboards and load generators read them as is.
 
 Gauges (running, waiting, KV-cache use, slot occupancy) are read from the engine when scraped and cover everyone
-using it, browser tabs included; latency histograms and counters cover the requests served through this API.
+using it, browser tabs included; so do the KV counters (preemptions, prefix-cache queries and hits), read from every
+step's memory view. Latency histograms and the request counters cover the requests served through this API.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.events import FinishedEvent, MemoryView, StepEvent
 from batching.engine.request import FinishReason
 from batching.service import BatcherLoad
 
@@ -37,8 +38,9 @@ class _LoadCollector(Collector):
         load = self.read()
         yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests in a slot of the engine.", load.running)
         yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting for a slot.", load.waiting)
-        usage = load.kv_tokens / load.kv_capacity if load.kv_capacity else 0.0
-        yield GaugeMetricFamily(PREFIX + "kv_cache_usage_perc", "KV-cache use, 0 to 1 (tokens held / capacity).", usage)
+        yield GaugeMetricFamily(
+            PREFIX + "kv_cache_usage_perc", "KV-cache usage, 0 to 1: blocks held by requests / the pool.", load.kv_usage
+        )
         occupancy = load.running / load.slots if load.slots else 0.0
         yield GaugeMetricFamily(PREFIX + "slot_occupancy", "Busy slots / slots, 0 to 1.", occupancy)
 
@@ -69,9 +71,37 @@ class ApiMetrics:
         self.success = Counter(
             PREFIX + "request_success", "Finished requests by reason.", ["finished_reason"], registry=self.registry
         )
+        self.preemptions = Counter(
+            PREFIX + "num_preemptions", "Cumulative number of preemptions from the engine.", registry=self.registry
+        )
+        self.prefix_queries = Counter(
+            PREFIX + "prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            registry=self.registry,
+        )
+        self.prefix_hits = Counter(
+            PREFIX + "prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            registry=self.registry,
+        )
+        self._kv_counters = (self.preemptions, self.prefix_queries, self.prefix_hits)
+        self._last_totals = (0, 0, 0)  # the batcher's running totals at its previous step
 
     def observe_step(self, step: StepEvent) -> None:
         self.iteration_tokens.observe(step.prefill_tokens + step.decode_tokens)
+        if step.memory is not None:
+            self._observe_memory(step.memory)
+
+    def _observe_memory(self, memory: MemoryView) -> None:
+        """The counters move by what the batcher's running totals moved since its previous step; totals that went
+        down mean a new batcher (the engine restarted), whose totals so far all count."""
+        totals = (memory.preemptions, memory.prefix_queries, memory.prefix_hits)
+        before = self._last_totals
+        if any(now < then for now, then in zip(totals, before, strict=True)):
+            before = (0, 0, 0)
+        for counter, now, then in zip(self._kv_counters, totals, before, strict=True):
+            counter.inc(now - then)
+        self._last_totals = totals
 
     def observe_token_gap(self, seconds: float) -> None:
         self.itl.observe(seconds)

@@ -63,13 +63,24 @@ class Submitted:
 
 @dataclass(frozen=True)
 class BatcherLoad:
-    """What one shared batcher holds now (for gauges): requests in a slot and waiting, KV tokens held."""
+    """What one shared batcher holds now (for gauges): requests in a slot and waiting, KV tokens held, and its block
+    pool's blocks held by requests (0 of 0 before its first step)."""
 
     running: int
     waiting: int
     slots: int
     kv_tokens: int
     kv_capacity: int
+    kv_blocks_in_use: int = 0
+    kv_blocks: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        """vLLM's KV-cache usage, 0 to 1: blocks held by requests / the pool's blocks (cached free blocks count as
+        free); positions holding tokens / every slot's context when the pool is not known yet."""
+        if self.kv_blocks:
+            return self.kv_blocks_in_use / self.kv_blocks
+        return self.kv_tokens / self.kv_capacity if self.kv_capacity else 0.0
 
 
 class Session:

@@ -164,4 +164,6 @@ class Router:
             slots=options.max_batch_size,
             kv_tokens=kv_tokens,
             kv_capacity=options.max_batch_size * context_length,
+            kv_blocks_in_use=0 if last is None or last.memory is None else last.memory.usage.in_use,
+            kv_blocks=0 if last is None or last.memory is None else last.memory.usage.total,
         )

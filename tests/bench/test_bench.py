@@ -91,6 +91,52 @@ def test_continuous_needs_fewer_steps_than_static_waves(bench_result: dict) -> N
     assert modes["continuous"]["ideal_speedup"] == pytest.approx(14 / modes["continuous"]["steps"])
 
 
+def test_without_kv_flags_every_slot_gets_its_whole_context_and_static_reserves_more_than_it_uses(
+    bench_result: dict,
+) -> None:
+    modes = bench_result["json"]["modes"]
+    assert modes["static"]["memory"]["pool_blocks"] == modes["continuous"]["memory"]["pool_blocks"]
+    for figures in modes.values():
+        memory = figures["memory"]
+        assert memory["block_size"] == 16 and memory["preemptions"] == 0
+        assert memory["pool_positions"] % 3 == 0  # three slots of the same length
+        assert 0 < memory["peak_tokens"] <= memory["peak_reserved"] <= memory["pool_positions"]
+    # A wave reserves its longest prompt plus its largest cap for every member; continuous takes blocks as it goes.
+    assert modes["static"]["memory"]["used_over_reserved"] < modes["continuous"]["memory"]["used_over_reserved"]
+    assert modes["static"]["memory"]["prefix_queries"] == 0  # static waves never reuse a prefix
+    assert modes["continuous"]["memory"]["prefix_hits"] > 0  # the prompts share the template's system prompt
+
+
+def test_a_tight_pool_preempts_continuous_and_shrinks_static_waves_with_the_same_tokens(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "tight.json"
+    argv = ["--workload", str(_json_workload(tmp_path)), "--modes", "static,continuous", "--model"]
+    argv += [str(tiny_model_dirs["llama"]), "--ignore-eos", "--kv-cache-tokens", "128", "--block-size", "4"]
+    # Prompts of 80-87 tokens in chunks of 16: all three slots start, then run out of blocks as they decode.
+    assert _run([*argv, "--max-batched-tokens", "16", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["kv"] == {"block_size": 4, "kv_cache_tokens": 128, "kv_cache_mb": None, "prefix_caching": True}
+    modes = result["modes"]
+    assert modes["continuous"]["outputs_match_static"] is True
+    for figures in modes.values():
+        assert figures["memory"]["pool_blocks"] == 128 // 4
+        assert figures["memory"]["peak_blocks"] <= 128 // 4
+    assert modes["continuous"]["memory"]["preemptions"] > 0
+    assert 0 < modes["continuous"]["memory"]["prefix_hits"] < modes["continuous"]["memory"]["prefix_queries"]
+    assert modes["static"]["memory"]["peak_running"] < 3  # a wave of three would not fit
+    printed = capsys.readouterr().out
+    assert "KV memory" in printed and "preemptions" in printed
+
+
+def test_no_prefix_caching_computes_every_prompt(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "off.json"
+    argv = ["--workload", str(_json_workload(tmp_path)), "--modes", "continuous", "--model"]
+    assert _run([*argv, str(tiny_model_dirs["llama"]), "--no-prefix-caching", "--json", str(out)]) == 0
+    memory = json.loads(out.read_text())["modes"]["continuous"]["memory"]
+    assert memory["prefix_hits"] == memory["prefix_queries"] == 0
+
+
 def test_the_plot_is_a_png(bench_result: dict) -> None:
     assert bench_result["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -198,6 +244,11 @@ def test_the_hf_peer_runs_and_matches_static(tiny_model_dirs: dict[str, Path], t
         (["--modes", "static"], "--workload"),
         (["--workload", "seed-lab", "--model", "/no/such/model"], "config.json"),
         (["--workload", "seed-lab", "--model", "TINY", "--max-batched-tokens", "8"], "max_batched_tokens=8"),
+        (["--workload", "seed-lab", "--kv-cache-tokens", "0"], "--kv-cache-tokens=0"),
+        (["--workload", "seed-lab", "--model", "TINY", "--block-size", "3"], "block_size=3"),
+        (["--workload", "seed-lab", "--model", "TINY", "--kv-cache-tokens", "64", "--kv-cache-mb", "1"], "both set"),
+        (["--workload", "seed-lab", "--model", "TINY", "--kv-cache-mb", "0.00001"], "kv_cache_mb=1e-05"),
+        (["--workload", "seed-lab", "--model", "TINY", "--kv-cache-tokens", "16"], "request 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(

@@ -156,7 +156,7 @@ def test_the_server_occupancy_is_polled_from_our_metrics(runs: dict[str, RemoteR
         samples = run.telemetry()
         assert samples and {s.telemetry.engine for s in samples} == {"Batchscope"}
         assert max(s.telemetry.running or 0 for s in samples) >= 2
-        assert all(s.telemetry.cache_usage is not None and s.telemetry.preemptions is None for s in samples)
+        assert all(s.telemetry.cache_usage is not None and s.telemetry.preemptions is not None for s in samples)
         assert run.poller is not None and not run.poller.slots_available  # no /slots on our server: not asked again
 
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from batching.remote.telemetry import Telemetry, parse_metrics, parse_slots, with_slots
+from batching.engine.blocks import PoolUsage
+from batching.engine.events import MemoryView, StepEvent
+from batching.remote.telemetry import Telemetry, parse_metrics, parse_slots, read_samples, with_slots
 from batching.serve.metrics import ApiMetrics
 from batching.service import BatcherLoad
 
@@ -77,7 +79,26 @@ def test_a_slots_answer_of_another_shape_is_refused() -> None:
 def test_our_own_metrics_page_reads_as_batchscope() -> None:
     metrics = ApiMetrics(lambda: BatcherLoad(running=3, waiting=5, slots=8, kv_tokens=256, kv_capacity=1024))
     telemetry = parse_metrics(generate_latest(metrics.registry).decode())
-    assert telemetry == Telemetry("Batchscope", running=3.0, waiting=5.0, cache_usage=0.25, preemptions=None)
+    assert telemetry == Telemetry("Batchscope", running=3.0, waiting=5.0, cache_usage=0.25, preemptions=0.0)
+
+
+def test_our_kv_figures_are_blocks_in_use_and_counters_moved_by_each_steps_running_totals() -> None:
+    load = BatcherLoad(running=2, waiting=0, slots=8, kv_tokens=40, kv_capacity=8192, kv_blocks_in_use=6, kv_blocks=64)
+    metrics = ApiMetrics(lambda: load)
+    for preemptions, queries, hits in ((1, 64, 0), (3, 128, 48), (1, 32, 16)):  # the last: a restarted engine
+        metrics.observe_step(_step(preemptions, queries, hits))
+    values = read_samples(generate_latest(metrics.registry).decode())
+    assert values["batchscope:kv_cache_usage_perc"] == [6 / 64]
+    assert values["batchscope:num_preemptions_total"] == [3 + 1]
+    assert values["batchscope:prefix_cache_queries_total"] == [128 + 32]
+    assert values["batchscope:prefix_cache_hits_total"] == [48 + 16]
+    assert parse_metrics(generate_latest(metrics.registry).decode()).preemptions == 4.0
+
+
+def _step(preemptions: int, queries: int, hits: int) -> StepEvent:
+    usage = PoolUsage(total=64, in_use=6, shared=0, cached=0, free=58)
+    memory = MemoryView(4, usage, 40, preemptions=preemptions, prefix_queries=queries, prefix_hits=hits)
+    return StepEvent(0, 0.0, 0.0, ("a",), prefill_tokens=0, decode_tokens=1, memory=memory)
 
 
 def test_a_page_with_no_engine_names_reports_nothing_and_text_that_is_not_prometheus_is_refused() -> None:

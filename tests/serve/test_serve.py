@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batching.bench.workloads import load_workload
+from batching.remote.telemetry import parse_metrics
 from config.settings import ModelSettings
 from model.loader import load_model
 from model.prompting import format_prompt
@@ -44,6 +45,14 @@ def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """KV memory for 128 positions in 4-position blocks: four requests of ~75 positions at once must preempt."""
+    env = {"BATCHSCOPE_BATCHING__KV_CACHE_TOKENS": "128", "BATCHSCOPE_BATCHING__BLOCK_SIZE": "4"}
+    with our_server(tmp_path_factory.mktemp("serve-tight"), env) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
 def builtin():
     return load_model(ModelSettings(name_or_path=MODEL, device="cpu", dtype="float32"))
 
@@ -52,11 +61,14 @@ def _client(url: str, key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
 
 
-def _metrics(url: str) -> dict[str, float]:
+def _metrics_text(url: str) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=5) as answer:
-        text = answer.read().decode()
+        return answer.read().decode()
+
+
+def _metrics(url: str) -> dict[str, float]:
     values = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_metrics_text(url)):
         for sample in family.samples:
             labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
             values[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
@@ -205,6 +217,35 @@ def test_metrics_parse_and_their_counters_match_the_requests_sent(server: str) -
     assert delta("batchscope:e2e_request_latency_seconds_count") == 3
     assert delta("batchscope:iteration_tokens_total_count") > 0
     assert after["batchscope:num_requests_running"] == 0 and after["batchscope:kv_cache_usage_perc"] == 0
+
+
+def test_kv_metrics_show_blocks_in_use_mid_stream_then_preemptions_and_prefix_hits(tight_server: str) -> None:
+    client = _client(tight_server)
+    stream = client.completions.create(
+        model=MODEL, prompt=format_prompt(QUESTIONS[0]), max_tokens=40, temperature=0, stream=True
+    )
+    next(iter(stream))  # a token is out: the request holds its blocks
+    during = _metrics(tight_server)
+    for _ in stream:
+        pass
+    assert 0 < during["batchscope:kv_cache_usage_perc"] <= 1
+    async_client = openai.AsyncOpenAI(base_url=tight_server + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    async def one(question: str) -> None:
+        await async_client.completions.create(
+            model=MODEL, prompt=format_prompt(question), max_tokens=40, temperature=0, extra_body={"ignore_eos": True}
+        )
+
+    async def four() -> None:
+        await asyncio.gather(*(one(q) for q in QUESTIONS[1:5]))
+
+    asyncio.run(four())
+    after = _metrics(tight_server)
+    assert after["batchscope:num_preemptions_total"] > 0
+    queries, hits = after["batchscope:prefix_cache_queries_total"], after["batchscope:prefix_cache_hits_total"]
+    assert 0 < hits < queries  # the shared system prompt's blocks, found again; the questions' own are new
+    assert after["batchscope:kv_cache_usage_perc"] == 0  # nothing running: cached blocks count as free
+    assert parse_metrics(_metrics_text(tight_server)).preemptions == after["batchscope:num_preemptions_total"]
 
 
 def test_an_api_key_is_required_when_set(guarded_server: str) -> None:
