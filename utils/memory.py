@@ -29,11 +29,9 @@ OTHERS = "other user"
 
 
 def holding(view: MemoryView) -> int:
-    """Positions of the pool holding a token, each counted once: a block several requests share after a prefix hit
-    (always a full one) is counted by every holder in `view.tokens`, so the extra holders' positions come off (the
-    block tables say who shares what; without them, as reported)."""
-    holders = Counter(block for _, table in view.tables for block in table)
-    return view.tokens - sum(count - 1 for count in holders.values()) * view.block_size
+    """Positions of the pool holding a real token, each counted once (the engine counts a block several requests
+    share after a prefix hit once, and leaves a static wave's padding out)."""
+    return view.tokens
 
 
 def unused(view: MemoryView) -> int:

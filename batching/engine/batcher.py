@@ -272,18 +272,30 @@ class Batcher:
 
     def memory_view(self) -> MemoryView:
         """The block pool now (with each running request's table when the batcher records step detail)."""
-        pool, cache = self.pool, self.runner.cache
+        pool = self.pool
         detail = self.options.step_detail
         tables = tuple((rid, tuple(pool.tables.get(rid, ()))) for rid in self.running) if detail else ()
         return MemoryView(
             block_size=pool.block_size,
             usage=pool.usage(),
-            tokens=sum(cache.lengths[: cache.active_rows]) - pool.held_twice(),
+            tokens=self._real_positions() - pool.held_twice(),
             tables=tables,
             preemptions=self.preemptions,
             prefix_queries=pool.prefix_queries,
             prefix_hits=pool.prefix_hits,
         )
+
+    def _real_positions(self) -> int:
+        """Cache positions of running requests holding a real token: not a static wave's left padding, nor the
+        padding a finished member computes while it holds its slot."""
+        cache, total = self.runner.cache, 0
+        for row, owner in enumerate(cache.owners()):
+            request = self.running.get(owner) if owner is not None else None
+            real = cache.lengths[row] - cache.padding[row]
+            if request is not None and request.is_finished:
+                real = min(real, len(request.prompt_ids) + max(len(request.output_ids) - 1, 0))
+            total += real
+        return total
 
     def _take_inbox(self) -> list[Event]:
         """New requests join the waiting queue; cancelled ones finish."""

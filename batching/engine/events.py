@@ -80,7 +80,7 @@ class MemoryView:
 
     block_size: int
     usage: PoolUsage
-    tokens: int  # positions holding a token (a shared block's once; a static wave's padding included)
+    tokens: int  # positions holding a real token (a shared block's once; no static padding)
     tables: tuple[tuple[str, tuple[int, ...]], ...] = ()
     preemptions: int = 0  # so far, this batcher
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache so far

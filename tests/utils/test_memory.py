@@ -174,8 +174,9 @@ def _rows(run: RunRecord, cell) -> list:
 
 
 def test_a_block_shared_after_a_prefix_hit_holds_its_tokens_once() -> None:
-    # blocks of 4: r1 and r2 share block 0 (full), each has one block of its own; 4 + 3 and 4 + 2 tokens in rows
-    view = _view(in_use=3, tokens=13, shared=1, tables=(("r1", (0, 1)), ("r2", (0, 2))))
+    # blocks of 4: r1 and r2 share block 0 (full), each has one block of its own; 4 + 3 and 4 + 2 tokens in rows,
+    # which the engine reports as 9 positions holding tokens (the shared block once)
+    view = _view(in_use=3, tokens=9, shared=1, tables=(("r1", (0, 1)), ("r2", (0, 2))))
     assert view.reserved == 12 and holding(view) == 9 and unused(view) == 3
     assert memory_steps_frame(_record(view))["positions"].tolist() == [9, 12]
     assert waste_meters(_record(view)).kv_reserved_unused == 3
