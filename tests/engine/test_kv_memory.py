@@ -102,9 +102,9 @@ def test_static_waves_reserve_longest_prompt_plus_largest_cap_and_shrink_on_a_ti
     assert max(sum(rid is not None for rid in step.slots) for step in steps) <= 2  # waves of two, not four
     assert not any(isinstance(event, PreemptedEvent) for event in events)
     first = steps[0]
-    assert first.memory is not None and first.memory.usage.in_use >= 2 * -(
-        -(max(len(p) for p in prompts[:2]) + max(caps[:2])) // 4
-    )
+    wave = -(-(max(len(p) for p in prompts[:2]) + max(caps[:2])) // 4)
+    assert first.memory is not None and first.memory.usage.in_use == 2 * wave  # reserved up front for the wave
+    assert first.memory.tokens == len(prompts[0]) + len(prompts[1])  # its left padding holds no token
     finished = finished_by_id(events)
     for request_id, prompt, cap in zip(ids, prompts, caps, strict=True):
         assert list(finished[request_id].output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
