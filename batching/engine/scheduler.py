@@ -77,16 +77,6 @@ class WaitingQueue:
     def __len__(self) -> int:
         return len(self._heap) - len(self._cancelled)
 
-    def fill(self, free_slots: Sequence[int]) -> list[tuple[Request, int]]:
-        """Pop one request per free slot, while any wait."""
-        admitted = []
-        for slot in free_slots:
-            request = self.pop()
-            if request is None:
-                break
-            admitted.append((request, slot))
-        return admitted
-
 
 @dataclass(frozen=True)
 class ScheduledBatch:
@@ -194,8 +184,7 @@ class ContinuousScheduler:
         prefilling: list[tuple[int, int]] = []
         for row, request in enumerate(rows):
             if request.state is RequestState.DECODING:
-                tokens.append([request.output_ids[-1]])
-                pool.grow(request.request_id, len(request.all_ids))  # room made by `make_room`
+                tokens.append([request.output_ids[-1]])  # its block was taken by `make_room`
                 budget -= 1
             else:
                 tokens.append([])
