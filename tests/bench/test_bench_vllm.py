@@ -21,15 +21,9 @@ from batching.engine.request import FinishReason
 from model.prompting import format_prompt
 from tests.bench.vllm_helpers import MODEL, RunningVllm, our_answers, vllm_python
 from tests.engine.helpers import loaded
+from tests.remote.test_remote import QUESTIONS as REMOTE_QUESTIONS
 
-QUESTIONS = [
-    "How do I track my order?",
-    "What is your return policy?",
-    "Can I change my delivery address?",
-    "Do you ship abroad?",
-    "My parcel arrived damaged, what now?",
-    "How long does a refund take?",
-]
+QUESTIONS = REMOTE_QUESTIONS[:6]  # the remote tests' questions, the first six
 CAPS = [9, 60, 14, 40, 7, 24]  # 60 and 40 run past the embedded model's EOS: ignore_eos keeps them going
 
 
