@@ -22,7 +22,13 @@ from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
 from batching.engine.builder import RequestBuilder
 from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
 from batching.engine.events import Event, FinishedEvent, MemoryView, PreemptedEvent, StepEvent, StepRow, TokenEvent
-from batching.engine.model_support import context_reason, kv_bytes_per_token, model_context_length
+from batching.engine.model_support import (
+    context_reason,
+    has_recurrent_state,
+    kv_bytes_per_token,
+    model_context_length,
+    recurrent_state_bytes,
+)
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request, RequestState
 from batching.engine.runner import ModelRunner
@@ -78,18 +84,23 @@ class BatcherOptions:
             if value < least[name] or value <= 0:
                 raise ValueError(f"{name}={value} is not allowed: the pool must hold at least one block")
 
-    def pool_blocks(self, max_len: int, bytes_per_token: int) -> int:
-        """The pool's blocks: as set (tokens and MiB rounded down to whole blocks), else every slot's `max_len`."""
+    def pool_blocks(self, max_len: int, bytes_per_token: int, state_bytes: int = 0) -> int:
+        """The pool's blocks: as set (tokens and MiB rounded down to whole blocks), else every slot's `max_len`.
+
+        A MiB budget holds a hybrid model's per-slot conv and SSM states (`state_bytes`, every slot together) first.
+        """
         if self.kv_blocks is not None:
             return self.kv_blocks
         if self.kv_cache_tokens is not None:
             return self.kv_cache_tokens // self.block_size
         if self.kv_cache_mb is not None:
-            blocks = int(self.kv_cache_mb * 2**20 // (max(bytes_per_token, 1) * self.block_size))
+            budget = self.kv_cache_mb * 2**20 - state_bytes
+            blocks = int(budget // (max(bytes_per_token, 1) * self.block_size))
             if blocks < 1:
+                states = f" after {state_bytes / 2**20:.3f} MiB of recurrent states" if state_bytes else ""
                 raise ValueError(
                     f"kv_cache_mb={self.kv_cache_mb} is not allowed: one block of {self.block_size} tokens of this "
-                    f"model takes {bytes_per_token * self.block_size / 2**20:.3f} MiB"
+                    f"model takes {bytes_per_token * self.block_size / 2**20:.3f} MiB{states}"
                 )
             return blocks
         return self.max_batch_size * -(-max_len // self.block_size)
@@ -154,8 +165,10 @@ class Batcher:
         context = self.builder.context_length
         # A static wave's rows also hold left padding (up to the longest prompt); positions never pass the context.
         padding_room = self.builder.max_prompt_tokens if mode == "static" else 0
-        prefix_caching = options.prefix_caching and mode == "continuous"
-        blocks = options.pool_blocks(context, kv_bytes_per_token(model))
+        # A hybrid's conv and SSM states cannot be cut at a block boundary: its prefixes are never shared.
+        prefix_caching = options.prefix_caching and mode == "continuous" and not has_recurrent_state(model)
+        states = recurrent_state_bytes(model) * options.max_batch_size
+        blocks = options.pool_blocks(context, kv_bytes_per_token(model), states)
         self.pool = BlockPool(blocks, options.block_size, prefix_caching)
         self.scheduler: Scheduler
         if mode == "continuous":

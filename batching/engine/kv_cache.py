@@ -21,6 +21,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from batching.engine.blocks import BlockPool
+from batching.engine.recurrent import RecurrentLayout, RecurrentStates
 
 
 @dataclass
@@ -92,7 +93,15 @@ class PagedLayer(CacheLayerMixin):
 class PagedKVCache(Cache):
     """Keys and values of every running request in the pool's blocks, with each row's length and padding."""
 
-    def __init__(self, num_layers: int, capacity: int, max_len: int, pool: BlockPool, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        capacity: int,
+        max_len: int,
+        pool: BlockPool,
+        device: torch.device,
+        layout: RecurrentLayout | None = None,
+    ) -> None:
         self.capacity = capacity
         self.max_len = max_len
         self.pool = pool
@@ -107,6 +116,8 @@ class PagedKVCache(Cache):
         self.plan = StepPlan(slots=empty, write_columns=empty, tables=empty.view(0, 0))
         self.paged_layers = [PagedLayer(self) for _ in range(num_layers)]  # the same objects as `layers`, typed
         super().__init__(layers=list(self.paged_layers))
+        # A hybrid model's per-request states, one row per cache row (None: keys and values are all it keeps).
+        self.recurrent_states = RecurrentStates(layout, capacity, device) if layout is not None else None
 
     # --- rows ---------------------------------------------------------------------------------------------
     def claim(self, request_id: str, computed: int = 0) -> int:
@@ -122,6 +133,8 @@ class PagedKVCache(Cache):
         self._owner_of[row] = request_id
         self.lengths[row] = computed
         self.padding[row] = 0
+        if self.recurrent_states is not None:
+            self.recurrent_states.zero_row(row)
         return row
 
     def release(self, request_id: str) -> None:
@@ -133,6 +146,8 @@ class PagedKVCache(Cache):
             moved = self._owner_of[last]
             assert moved is not None, "every row below active_rows has an owner"
             self.lengths[row], self.padding[row] = self.lengths[last], self.padding[last]
+            if self.recurrent_states is not None:
+                self.recurrent_states.move_row(last, row)
             self._owner_of[row] = moved
             self._row_of[moved] = row
         self._owner_of[last] = None
@@ -193,6 +208,42 @@ class PagedKVCache(Cache):
             gather_blocks(cached.values, tables)[:, 0, :length],
         )
 
+    # --- a hybrid model's states: transformers' cache methods, answered for the mixer call now running -----------
+    def _states(self) -> RecurrentStates:
+        if self.recurrent_states is None:
+            raise ValueError("this model keeps no conv or recurrent state")
+        return self.recurrent_states
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return self._states().get_conv(layer_idx, state_idx)
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
+        return self._states().get_recurrent(layer_idx, state_idx)
+
+    def update_conv_state(
+        self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: object
+    ) -> torch.Tensor:
+        return self._states().update_conv(layer_idx, state_idx, conv_states)
+
+    def update_recurrent_state(
+        self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs: object
+    ) -> torch.Tensor:
+        return self._states().update_recurrent(layer_idx, state_idx, recurrent_states)
+
+    def has_previous_state(self, layer_idx: int | None = None, state_idx: int | None = None) -> bool:
+        states = self._states()
+        return states.has_previous(layer_idx if layer_idx is not None else states.layout.layers[-1].layer)
+
+    def is_recording_past(self, layer_idx: int) -> bool:
+        return False
+
+    def initialized_layers(self) -> list[PagedLayer]:
+        """The layers holding keys and values (a hybrid model's recurrent layers never allocate theirs)."""
+        return [layer for layer in self.paged_layers if layer.is_initialized]
+
     def storage_pointers(self) -> list[int]:
-        """Addresses of every layer's tensors: they never change once allocated."""
-        return [t.data_ptr() for layer in self.paged_layers if layer.is_initialized for t in (layer.keys, layer.values)]
+        """Addresses of every layer's tensors and states: they never change once allocated."""
+        states = self.recurrent_states.tensors() if self.recurrent_states is not None else []
+        return [t.data_ptr() for layer in self.initialized_layers() for t in (layer.keys, layer.values)] + [
+            t.data_ptr() for t in states
+        ]

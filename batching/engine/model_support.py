@@ -16,9 +16,15 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from batching.engine.recurrent import RECURRENT_LAYER_TYPES, RecurrentLayout, recurrent_layout
+
 PROBE_NAME = "batchscope_probe"
-# Layer kinds the slot cache holds: keys and values per token, nothing else.
+# Layer kinds whose state is keys and values per token, which the paged cache holds.
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+# Layer kinds that call attention and also keep a recurrent state (Falcon-H1, Zamba 2).
+BOTH_LAYER_TYPES = frozenset({"hybrid", "hybrid_sliding"})
+# Layer kinds that keep no state at all (Nemotron-H's feed-forward-only layers).
+STATELESS_LAYER_TYPES = frozenset({"mlp", "moe"})
 # Rope variants whose frequencies depend on the sequence length seen in one forward call.
 LENGTH_DEPENDENT_ROPE = frozenset({"longrope"})
 
@@ -48,27 +54,64 @@ def model_type(model: PreTrainedModel) -> str:
 def check_supported(model: PreTrainedModel) -> None:
     """Raise `UnsupportedModelError` for what the engine cannot run token-exact."""
     name = model_type(model)
-    config = model.config.get_text_config()
     if getattr(model.config, "is_encoder_decoder", False):
         raise UnsupportedModelError(f"model type {name} is not supported: encoder-decoder models are not batched here")
-    other = sorted({kind for kind in getattr(config, "layer_types", None) or () if kind not in ATTENTION_LAYER_TYPES})
+    known = ATTENTION_LAYER_TYPES | RECURRENT_LAYER_TYPES | STATELESS_LAYER_TYPES
+    other = sorted({kind for kind in layer_types(model) if kind not in known})
     if other:
         raise UnsupportedModelError(
             f"model type {name} is not supported: it has {', '.join(other)} layers; the engine runs full and "
-            "sliding-window attention layers only, whose state is keys and values per token"
+            "sliding-window attention, convolution, SSM and linear-attention layers"
         )
-    if not getattr(model, "_supports_attention_backend", False):
+    if recurrent_layout_or_refusal(model) is None and not getattr(model, "_supports_attention_backend", False):
         raise UnsupportedModelError(
             f"model type {name} is not supported: its attention does not route through transformers' attention "
-            "interface, so the engine cannot split it per request"
+            "interface, so the engine cannot split it per request (it would need its attention class to call "
+            "ALL_ATTENTION_FUNCTIONS, as Llama's does)"
         )
     layers = probe_attention(model)
-    expected = config.num_hidden_layers
+    expected = attention_layer_count(model)
     if len(layers) != expected:
         raise UnsupportedModelError(
-            f"model type {name} is not supported: {len(layers)} of its {expected} layers call the attention "
-            "interface; the others keep state the slot KV cache cannot hold"
+            f"model type {name} is not supported: {len(layers)} of its {expected} attention layers call the "
+            "attention interface; the others compute attention themselves, which the engine cannot split per request"
         )
+
+
+def layer_types(model: PreTrainedModel) -> list[str]:
+    """Each layer's kind as the config names it (all "full_attention" for a config that does not say)."""
+    config = model.config.get_text_config()
+    kinds = getattr(config, "layer_types", None)
+    return list(kinds) if kinds else ["full_attention"] * config.num_hidden_layers
+
+
+def attention_layer_count(model: PreTrainedModel) -> int:
+    """How many layers call attention (and hold keys and values): every layer but the recurrent and stateless."""
+    return sum(kind in ATTENTION_LAYER_TYPES or kind in BOTH_LAYER_TYPES for kind in layer_types(model))
+
+
+def recurrent_layout_or_refusal(model: PreTrainedModel) -> RecurrentLayout | None:
+    """The model's per-request states (None without recurrent layers), or a one-line refusal when its recurrent
+    layers do not keep their state through transformers' cache."""
+    try:
+        return recurrent_layout(model)
+    except Exception as exc:  # a layer kind the probe cannot follow: refuse it rather than answer wrongly
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        raise UnsupportedModelError(
+            f"model type {model_type(model)} is not supported: its recurrent layers' state could not be followed "
+            f"through the cache ({type(exc).__name__}: {first_line})"
+        ) from exc
+
+
+def recurrent_state_bytes(model: PreTrainedModel) -> int:
+    """Bytes of conv and SSM state one running request holds (0 for attention-only models)."""
+    layout = recurrent_layout_or_refusal(model)
+    return layout.bytes_per_request() if isinstance(layout, RecurrentLayout) else 0
+
+
+def has_recurrent_state(model: PreTrainedModel) -> bool:
+    """Whether the model keeps conv or SSM states per request (a hybrid): its prefix cannot be cut at a block."""
+    return recurrent_layout_or_refusal(model) is not None
 
 
 def probe_attention(model: PreTrainedModel) -> tuple[LayerAttention, ...]:
@@ -181,7 +224,7 @@ def kv_bytes_per_token(model: PreTrainedModel) -> int:
     times head size, keys and values apart (their sizes may differ), or MLA's compressed latent and rotary key."""
     config = model.config.get_text_config()
     heads = getattr(config, "num_attention_heads", 1)
-    layers = config.num_hidden_layers
+    layers = attention_layer_count(model)
     kv_lora_rank = getattr(config, "kv_lora_rank", None)
     if kv_lora_rank:  # DeepSeek's MLA caches one latent and one rotary key per token and layer
         per_layer = kv_lora_rank + config.qk_rope_head_dim

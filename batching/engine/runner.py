@@ -16,6 +16,7 @@ from batching.engine.compiled import Bucket, StepCompiler, step_compiler
 from batching.engine.kv_cache import PagedKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_step, layer_windows
 from batching.engine.model_support import check_supported
+from batching.engine.recurrent import StateGroup, StatePlan, cache_kwarg, recurrent_layout, split_mixers
 
 
 class ModelRunner:
@@ -51,8 +52,13 @@ class ModelRunner:
         pool = pool or BlockPool(capacity * -(-max_len // DEFAULT_BLOCK_SIZE), DEFAULT_BLOCK_SIZE, prefix_caching=False)
         # Inference tensors whoever builds the runner: a compiled step's guards check it, and the scratch runner
         # that makes the graphs is built in inference mode.
+        # A hybrid model's conv and SSM states live beside the blocks, and its mixers run per request.
+        layout = recurrent_layout(model)
+        if layout is not None:
+            split_mixers(layout)
+        self.cache_kwarg = cache_kwarg(model)
         with torch.inference_mode():
-            self.cache = PagedKVCache(num_layers, capacity, max_len, pool, self.device)
+            self.cache = PagedKVCache(num_layers, capacity, max_len, pool, self.device, layout)
             # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
             self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
@@ -152,11 +158,13 @@ class ModelRunner:
         plan = self._plan(rows, len(input_ids), singles, chunks, blocks * cache.pool.block_size)
         if self.describe_masks:
             self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
+        if cache.recurrent_states is not None:
+            cache.recurrent_states.plan = self._state_plan(singles, chunks)
         output = self.model(
             input_ids=torch.tensor([input_ids], device=device),
             position_ids=torch.tensor([positions], device=device),
             attention_mask=self._placeholder_mask,
-            past_key_values=cache,
+            **{self.cache_kwarg: cache},
             use_cache=True,
             logits_to_keep=torch.tensor(last_token, device=device),
             **{PLAN_KWARG: plan},
@@ -214,28 +222,46 @@ class ModelRunner:
             # slots or fewer every compiled step has all of them (one row is padded to two). Only the step that makes
             # the graph marks them (50 us a step): the graph's own guards accept every size of a symbolic dimension.
             torch._dynamo.mark_dynamic(tables, 1)
-            for layer in cache.paged_layers:  # any pool size: the scratch pool is smaller than a batcher's
+            for layer in cache.initialized_layers():  # any pool size: the scratch pool is smaller than a batcher's
                 torch._dynamo.mark_dynamic(layer.keys, 1)
                 torch._dynamo.mark_dynamic(layer.values, 1)
             if cache.capacity > 2:
                 by_row = [(input_ids, 1), (position_ids, 1), (write_slots, 0), (write_columns, 0), (tables, 0)]
                 for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.first_columns, 0)]:
-                    torch._dynamo.mark_dynamic(tensor, dim)
+                    torch._dynamo.mark_dynamic(tensor, dim, min=2, max=cache.capacity)
         plan = PackedPlan(padded_rows, None, None, mask, [], tables.shape[1] * cache.pool.block_size)
         if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
             singles = [(row, row) for row in range(rows)]
             self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
+        if cache.recurrent_states is not None:
+            cache.recurrent_states.plan = StatePlan(None)  # rows are the batch, in order, padding rows included
         forward: Callable[..., Any] = self.model if step is None else partial(step, self.model)
         output = forward(
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=self._placeholder_mask,
-            past_key_values=cache,
+            **{self.cache_kwarg: cache},
             use_cache=True,
             logits_to_keep=0,
             **{PLAN_KWARG: plan},
         )
         return output.logits[0, :rows].float()
+
+    def _state_plan(self, singles: list[tuple[int, int]], chunks: list[tuple[int, int, int]]) -> StatePlan:
+        """How a hybrid model's mixers split this step: the decode rows as one batch of one-token sequences, and
+        each prompt chunk alone, its left padding (a static wave's) left out; a chunk that starts at its row's first
+        real column starts from zero state."""
+        cache, device = self.cache, self.device
+        groups = []
+        if singles:
+            tokens = torch.tensor([index for _, index in singles], device=device)
+            groups.append(StateGroup(tokens, torch.tensor([row for row, _ in singles], device=device)))
+        for row, start, end in chunks:
+            first, padding = cache.lengths[row], cache.padding[row]
+            skip = max(padding - first, 0)
+            if start + skip < end:
+                groups.append(StateGroup(slice(start + skip, end), slice(row, row + 1), first <= padding, chunk=True))
+        return StatePlan(groups)
 
     def _plan(
         self, rows: int, total: int, singles: list[tuple[int, int]], chunks: list[tuple[int, int, int]], columns: int

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from transformers import AutoConfig, PretrainedConfig
 
+from batching.engine.recurrent import RECURRENT_LAYER_TYPES
 from tests.tiny_models import TINY_VOCAB
 
 WINDOW = 8  # sliding windows this small are crossed by every test prompt
@@ -24,6 +25,14 @@ _DECODER = {
     "max_position_embeddings": 256,
 }
 _MIXED = ["sliding_attention", "full_attention"]
+# Four value heads: with two, inductor's linear fusion pass guards the compiled step's row count against 2.
+_DELTA_NET = {
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+}
+_MAMBA2 = {"mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_chunk_size": 16}
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,11 @@ class Family:
     overrides: dict = field(default_factory=dict)
     refused: str = ""  # a part of the refusal message; empty: the family runs exactly
     decoder: bool = True  # start from the common Llama-like sizes
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether it keeps conv or SSM states per request (a hybrid, or a state-space model)."""
+        return any(kind in RECURRENT_LAYER_TYPES for kind in getattr(self.config(), "layer_types", None) or ())
 
     def config(self) -> PretrainedConfig:
         base = {**_COMMON, **(_DECODER if self.decoder else {}), **self.overrides}
@@ -214,11 +228,17 @@ FAMILIES: tuple[Family, ...] = (
         {"new_decoder_architecture": True, "num_kv_heads": 2},
         refused="does not route through transformers' attention interface",
     ),
-    Family("lfm2", "lfm2", "short convolution layers", {"layer_types": ["conv", "full_attention"]}, refused="conv"),
+    Family("lfm2", "lfm2", "short convolution layers", {"layer_types": ["conv", "full_attention"]}),
+    Family(
+        "qwen3_5",
+        "qwen3_5_text",
+        "gated delta-net linear attention, gated attention",
+        {"head_dim": 16, "layer_types": ["linear_attention", "full_attention"], **_DELTA_NET},
+    ),
     Family(
         "qwen3_next",
         "qwen3_next",
-        "gated delta-net linear attention",
+        "gated delta-net linear attention, experts",
         {
             "head_dim": 16,
             "layer_types": ["linear_attention", "full_attention"],
@@ -226,12 +246,95 @@ FAMILIES: tuple[Family, ...] = (
             "num_experts_per_tok": 2,
             "moe_intermediate_size": 32,
             "shared_expert_intermediate_size": 32,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 2,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
+            **_DELTA_NET,
         },
-        refused="linear_attention",
+    ),
+    Family(
+        "granitemoehybrid",
+        "granitemoehybrid",
+        "Mamba-2 layers beside attention, experts (Granite 4)",
+        {
+            "layer_types": ["mamba", "attention"],
+            **_MAMBA2,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "shared_intermediate_size": 64,
+        },
+    ),
+    Family(
+        "mamba2",
+        "mamba2",
+        "Mamba-2 state-space layers only",
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_heads": 4,
+            "head_dim": 32,
+            "state_size": 8,
+            "n_groups": 1,
+            "chunk_size": 16,
+            "expand": 2,
+        },
+        decoder=False,
+    ),
+    Family("bamba", "bamba", "Mamba-2 layers beside attention", {"attn_layer_indices": [1], **_MAMBA2}),
+    Family(
+        "falcon_h1",
+        "falcon_h1",
+        "Mamba-2 and attention side by side in every layer",
+        {
+            "head_dim": 16,
+            "mamba_n_heads": 4,
+            "mamba_d_head": 32,
+            "mamba_d_ssm": 128,
+            "mamba_d_state": 8,
+            "mamba_n_groups": 1,
+            "mamba_chunk_size": 16,
+        },
+    ),
+    Family(
+        "nemotron_h",
+        "nemotron_h",
+        "Mamba-2 layers beside attention",
+        {
+            "layers_block_type": ["mamba", "attention"],
+            "head_dim": 16,
+            "mamba_num_heads": 4,
+            "mamba_head_dim": 32,
+            "ssm_state_size": 8,
+            "n_groups": 1,
+            "chunk_size": 16,
+        },
+    ),
+    Family(
+        "jamba",
+        "jamba",
+        "Mamba layers beside attention, experts",
+        {
+            "attn_layer_period": 2,
+            "attn_layer_offset": 1,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "num_experts": 2,
+            "mamba_d_state": 8,
+            "mamba_dt_rank": 8,
+        },
+    ),
+    Family(
+        "zamba2",
+        "zamba2",
+        "Mamba-2 layers, a shared attention block",
+        {
+            "layers_block_type": ["mamba", "hybrid"],
+            "mamba_headdim": 32,
+            "mamba_d_state": 8,
+            "n_mamba_heads": 4,
+            "mamba_ngroups": 1,
+            "chunk_size": 16,
+            "attention_head_dim": 16,
+            "num_mem_blocks": 1,
+            "use_mem_rope": True,
+        },
     ),
     Family(
         "llama4",
@@ -255,7 +358,6 @@ FAMILIES: tuple[Family, ...] = (
             "state_size": 8,
             "expand": 2,
         },
-        refused="linear_attention",
         decoder=False,
     ),
 )

@@ -20,6 +20,7 @@ from tests.helpers import ROOT
 
 EXACT = [family.name for family in FAMILIES if not family.refused]
 REFUSED = [family.name for family in FAMILIES if family.refused]
+RECURRENT = [family.name for family in FAMILIES if family.recurrent]
 CAPS = [1, 60, 3, 17, 40, 2, 25, 9]
 LONGEST_PROMPT = 30  # several chunks under the token budget below, and far past the sliding window
 COMPILED_CONTEXT = 96  # the longest request (prompt 30, cap 60) fits
@@ -95,7 +96,10 @@ def test_preemption_and_prefix_hits_stay_exact_for_every_supported_family(family
         assert outputs[i] == want, f"{name}: request {i} (prompt {len(prompts[i])}, cap {caps[i]}) differs"
     finished = [event for event in events if isinstance(event, FinishedEvent)]
     assert any(event.preemptions for event in finished), "the pool was meant to run out"
-    assert any(event.cached_tokens >= 8 for event in finished), "no request found the shared prefix cached"
+    if name in RECURRENT:  # a conv or SSM state cannot be cut at a block: prefix caching is off for hybrids
+        assert not batcher.pool.prefix_caching and all(event.cached_tokens == 0 for event in finished)
+    else:
+        assert any(event.cached_tokens >= 8 for event in finished), "no request found the shared prefix cached"
     batcher.pool.check()
     assert batcher.pool.usage().in_use == 0
 
