@@ -113,6 +113,8 @@ class MemoryNumbers:
     preemptions: int
     prefix_queries: int  # prompt tokens looked up in the prefix cache
     prefix_hits: int  # of those, found cached
+    state_bytes: int = 0  # a hybrid model's conv and SSM states held now, beside the blocks
+    state_bytes_per_request: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -123,7 +125,16 @@ class MemoryNumbers:
         return (
             f"{self.in_use} of {self.blocks} blocks held ({self.block_size} positions each; peak {self.peak_in_use})"
             f" · {self.preemptions} preemption{'s' if self.preemptions != 1 else ''}"
-            f" · prefix hits {self.prefix_hits} of {self.prefix_queries} prompt tokens looked up"
+            f" · prefix hits {self.prefix_hits} of {self.prefix_queries} prompt tokens looked up" + self.states_line()
+        )
+
+    def states_line(self) -> str:
+        """A hybrid model's states, which live beside the blocks (empty for attention-only models)."""
+        if not self.state_bytes_per_request:
+            return ""
+        return (
+            f" · conv/SSM states {self.state_bytes / 2**10:,.1f} KiB now ({self.state_bytes_per_request / 2**10:,.1f}"
+            " KiB a running request, beside the blocks; no prefix caching: a state cannot be cut at a block)"
         )
 
 
@@ -135,5 +146,13 @@ def memory_numbers(run: RunRecord) -> MemoryNumbers | None:
     peak = max(event.memory.usage.in_use for event in run.steps if event.memory is not None)
     preemptions = max(view.preemptions, len(run.preempted))
     return MemoryNumbers(
-        view.usage.total, view.block_size, view.usage.in_use, peak, preemptions, view.prefix_queries, view.prefix_hits
+        view.usage.total,
+        view.block_size,
+        view.usage.in_use,
+        peak,
+        preemptions,
+        view.prefix_queries,
+        view.prefix_hits,
+        view.state_bytes,
+        view.state_bytes_per_request,
     )

@@ -83,7 +83,16 @@ def mask_section(record: RunRecord, number: int, mode: str, labels: dict[str, st
     if mask is None:
         st.info("This step carries no description of its attention mask.")
         return
+    if mask.recurrent_layers:
+        st.info(
+            f"{mask.recurrent_layers} of this model's layers are convolution, SSM or linear-attention layers: they "
+            "have no attention mask to draw. Each request's tokens run through that request's own state (zeroed when "
+            "it is admitted, carried from chunk to chunk), never another's. "
+            + ("The mask below is what its attention layers use." if mask.windows else "It has no attention layers.")
+        )
     windows = mask.windows
+    if not windows:
+        return
     picked = 0
     if len(windows) > 1:  # by index: None (full attention) would read as "nothing picked"
         names = [window_name(window) for window in windows]

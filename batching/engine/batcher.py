@@ -167,7 +167,8 @@ class Batcher:
         padding_room = self.builder.max_prompt_tokens if mode == "static" else 0
         # A hybrid's conv and SSM states cannot be cut at a block boundary: its prefixes are never shared.
         prefix_caching = options.prefix_caching and mode == "continuous" and not has_recurrent_state(model)
-        states = recurrent_state_bytes(model) * options.max_batch_size
+        self.state_bytes_per_request = recurrent_state_bytes(model)
+        states = self.state_bytes_per_request * options.max_batch_size
         blocks = options.pool_blocks(context, kv_bytes_per_token(model), states)
         self.pool = BlockPool(blocks, options.block_size, prefix_caching)
         self.scheduler: Scheduler
@@ -296,6 +297,8 @@ class Batcher:
             preemptions=self.preemptions,
             prefix_queries=pool.prefix_queries,
             prefix_hits=pool.prefix_hits,
+            state_bytes_per_request=self.state_bytes_per_request,
+            state_bytes=self.state_bytes_per_request * self.runner.cache.active_rows,
         )
 
     def _real_positions(self) -> int:

@@ -85,6 +85,8 @@ class MemoryView:
     preemptions: int = 0  # so far, this batcher
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache so far
     prefix_hits: int = 0  # of those, found cached
+    state_bytes_per_request: int = 0  # a hybrid model's conv and SSM states, held beside the blocks by each request
+    state_bytes: int = 0  # those of the requests holding a cache row now
 
     @property
     def reserved(self) -> int:

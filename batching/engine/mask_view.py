@@ -46,6 +46,8 @@ class StepMask:
 
     rows: tuple[MaskRow, ...]
     windows: tuple[int | None, ...]
+    # A hybrid's conv / SSM / linear-attention layers: no mask (each request's tokens run through its own state).
+    recurrent_layers: int = 0
 
     @property
     def queries(self) -> int:
@@ -62,6 +64,7 @@ def describe_step(
     first_columns: Sequence[int],
     padding: Sequence[int],
     windows: tuple[int | None, ...],
+    recurrent_layers: int = 0,
 ) -> StepMask:
     """The runner's step, from its plan and what the plan was built from: `singles` (row, packed index), each
     row's first new column and its padding columns (read before the step writes). A few integers per row."""
@@ -77,7 +80,7 @@ def describe_step(
         for chunk in plan.chunks
     ]
     placed.sort(key=lambda item: item[0])
-    return StepMask(tuple(row for _, row in placed), windows)
+    return StepMask(tuple(row for _, row in placed), windows, recurrent_layers)
 
 
 def layer_windows(model: PreTrainedModel) -> tuple[int | None, ...]:

@@ -72,6 +72,7 @@ class ModelRunner:
         self.last_mask: StepMask | None = None
         self.last_compiled = False  # whether the last step ran through the compiled graph
         self.windows = layer_windows(model)
+        self.recurrent_layers = len(layout.layers) if layout is not None else 0
 
     # --- cache rows: the runner is the only way into the cache -------------------------------------------------
     def claim(self, request_id: str, computed: int = 0) -> int:
@@ -157,7 +158,9 @@ class ModelRunner:
         )
         plan = self._plan(rows, len(input_ids), singles, chunks, blocks * cache.pool.block_size)
         if self.describe_masks:
-            self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
+            self.last_mask = describe_step(
+                plan, singles, cache.lengths, cache.padding, self.windows, self.recurrent_layers
+            )
         if cache.recurrent_states is not None:
             cache.recurrent_states.plan = self._state_plan(singles, chunks)
         output = self.model(
@@ -232,7 +235,9 @@ class ModelRunner:
         plan = PackedPlan(padded_rows, None, None, mask, [], tables.shape[1] * cache.pool.block_size)
         if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
             singles = [(row, row) for row in range(rows)]
-            self.last_mask = describe_step(plan, singles, cache.lengths, cache.padding, self.windows)
+            self.last_mask = describe_step(
+                plan, singles, cache.lengths, cache.padding, self.windows, self.recurrent_layers
+            )
         if cache.recurrent_states is not None:
             cache.recurrent_states.plan = StatePlan(None)  # rows are the batch, in order, padding rows included
         forward: Callable[..., Any] = self.model if step is None else partial(step, self.model)

@@ -590,12 +590,12 @@ def test_an_unreachable_hub_id_fails_fast_on_every_new_page_until_settings_chang
 def test_a_model_the_engine_cannot_run_exactly_is_refused_after_load_with_one_line(
     tiny_env: Path, monkeypatch: pytest.MonkeyPatch, family_model_dirs: dict[str, Path]
 ) -> None:
-    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(family_model_dirs["qwen3_next"]))
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(family_model_dirs["llama4"]))
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception
     assert [e.value for e in at.error] == [
-        "model type qwen3_next is not supported: it has linear_attention layers; the engine runs full and "
-        "sliding-window attention layers only, whose state is keys and values per token"
+        "model type llama4_text is not supported: it has chunked_attention layers; the engine runs full and "
+        "sliding-window attention, convolution, SSM and linear-attention layers"
     ]
     assert not at.button  # the page stops there: no queue, no Generate
 
@@ -607,6 +607,31 @@ def test_the_model_line_names_the_attention_features_in_use(
     at = open_app()
     line = next(c.value for c in at.caption if "parameters" in c.value)
     assert line.endswith("context 256 tokens · sliding window 8 on 1 of 2 layers, soft-cap 1")
+
+
+def test_a_hybrid_model_races_exactly_and_says_what_its_recurrent_layers_hold(
+    tiny_env: Path, monkeypatch: pytest.MonkeyPatch, family_model_dirs: dict[str, Path]
+) -> None:
+    """LFM2 (a short-convolution layer beside an attention layer): both lanes answer alike, the model line and the
+    memory line count its per-request conv state, and the inspector says its conv layer has no mask to draw."""
+    monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(family_model_dirs["lfm2"]))
+    at = open_app()
+    line = next(c.value for c in at.caption if "parameters" in c.value)
+    assert line.endswith("conv state on 1 of 2 layers (0.8 KiB a request), no prefix caching")
+    at.slider(key="batch_size").set_value(2).run()
+    for index, cap in enumerate([2, 9, 3]):
+        add(at, f"hybrid prompt {index}", cap)
+    race = generate(at, "race")
+    assert isinstance(race, RaceRun) and race.completed
+    answers = [element.value for element in at.text]
+    assert len(answers) == 6 and answers[0::2] == answers[1::2]
+    memory = [m.value for m in at.markdown if "blocks held" in m.value]
+    assert len(memory) == 2 and all(
+        "conv/SSM states" in value and "0.8 KiB a running request" in value for value in memory
+    )
+    infos = [i.value for i in at.info if "convolution, SSM or linear-attention layers" in i.value]
+    assert infos and infos[0].startswith("1 of this model's layers")
+    assert any("attention mask" in str(c.proto.spec).lower() for c in at.get("vega_lite_chart"))
 
 
 # --- the embedded model -------------------------------------------------------------------------------------------
