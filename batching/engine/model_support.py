@@ -178,10 +178,10 @@ def attention_features(model: PreTrainedModel) -> str:
         parts.append(f"longrope, context capped at its original {limit}")
     layout = recurrent_layout_or_refusal(model)
     if layout is not None:
-        kinds = "/".join(sorted({kind for kind in layer_types(model) if kind in RECURRENT_LAYER_TYPES}))
+        kinds = "conv and recurrent" if any(layer.recurrent for layer in layout.layers) else "conv"
         parts.append(
-            f"{kinds} state on {len(layout.layers)} of {len(layer_types(model))} layers "
-            f"({layout.bytes_per_request() / 2**10:,.1f} KiB a request), no prefix caching"
+            f"{kinds} state on {len(layout.layers)} of {len(layer_types(model))} layers, "
+            f"{layout.bytes_per_request() / 2**10:,.1f} KiB a request, no prefix caching"
         )
     return ", ".join(parts)
 

@@ -617,7 +617,7 @@ def test_a_hybrid_model_races_exactly_and_says_what_its_recurrent_layers_hold(
     monkeypatch.setenv("BATCHSCOPE_MODEL__NAME_OR_PATH", str(family_model_dirs["lfm2"]))
     at = open_app()
     line = next(c.value for c in at.caption if "parameters" in c.value)
-    assert line.endswith("conv state on 1 of 2 layers (0.8 KiB a request), no prefix caching")
+    assert line.endswith("conv state on 1 of 2 layers, 0.8 KiB a request, no prefix caching")
     at.slider(key="batch_size").set_value(2).run()
     for index, cap in enumerate([2, 9, 3]):
         add(at, f"hybrid prompt {index}", cap)

@@ -1,4 +1,5 @@
-"""Print docs/models.md's table of model families from the test matrix: `python -m tests.engine.families_table`.
+"""Print docs/models.md's table of model families from the test matrix, then the README's summary of it:
+`python -m tests.engine.families_table`.
 
 Each family's tiny config is built (random weights), then asked what the engine says of it: the attention
 features it reports, and for a refused family the engine's own one-line reason.
@@ -11,6 +12,18 @@ from transformers import AutoModelForCausalLM
 
 from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
 from tests.engine.families import FAMILIES
+
+
+def summary() -> list[str]:
+    """The README's table: the families by kind of layer, each marked exact or refused (the matrix's verdicts)."""
+    lines = ["| layers | token-exact with `generate` | refused |", "|---|---|---|"]
+    groups: dict[str, tuple[list[str], list[str]]] = {"attention only": ([], []), "hybrid / state-space": ([], [])}
+    for family in FAMILIES:
+        exact, refused = groups["hybrid / state-space" if family.recurrent else "attention only"]
+        (refused if family.refused else exact).append(family.name)
+    for kind, (exact, refused) in groups.items():
+        lines.append(f"| {kind} | {', '.join(exact)} | {', '.join(refused) or '-'} |")
+    return lines
 
 
 def rows() -> list[str]:
@@ -29,3 +42,5 @@ def rows() -> list[str]:
 
 if __name__ == "__main__":
     print("\n".join(rows()))
+    print()
+    print("\n".join(summary()))

@@ -174,11 +174,13 @@ def test_a_longrope_request_that_would_cross_the_original_context_is_refused(fam
 
 def test_the_docs_table_of_families_is_what_the_matrix_prints() -> None:
 
-    from tests.engine.families_table import rows
+    from tests.engine.families_table import rows, summary
 
     models = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     stale = "docs/models.md is stale: paste the output of python -m tests.engine.families_table"
     assert "\n".join(rows()) in models, stale
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "\n".join(summary()) in readme, "the README's model table is stale: paste the second table printed"
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "mistral"])
