@@ -39,6 +39,7 @@ from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppP
 from batching.bench.local_server import ServerStartError
 from batching.bench.plan import ModeRun, Peer, Plan
 from batching.bench.report import compare, format_report, machine_info, mode_report
+from batching.bench.shapes import build_shape
 from batching.bench.vllm_peer import VllmPeer
 from batching.bench.vllm_server import NOT_INSTALLED as VLLM_NOT_INSTALLED
 from batching.bench.vllm_server import VllmNotFoundError, VllmSettings, find_python, vllm_server
@@ -100,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, help="slots (default: the workload's)")
     parser.add_argument("--max-batched-tokens", type=int, help="tokens per step (default: settings)")
     parser.add_argument("--model", help="builtin, a hub id or a local folder (default: settings)")
+    parser.add_argument(
+        "--model-shape",
+        help="a real size with random weights, built here once (e.g. qwen2-0.5b, or qwen2-0.5b:4 for 4 layers)",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], help="default: settings")
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], help="default: settings")
     parser.add_argument("--ignore-eos", action="store_true", help="generate every request up to its cap")
@@ -432,6 +437,13 @@ def benchmark(args: argparse.Namespace) -> dict:
         print(f"bench: warning: {line}", file=sys.stderr)
     settings = load_settings()
     inputs, llamacpp = llamacpp_command(args, check_flags(args))  # bad input is reported before the model is loaded
+    if args.model_shape:
+        if args.model:
+            raise BenchError("--model and --model-shape are not allowed together: give one")
+        try:
+            args.model = str(build_shape(args.model_shape))
+        except ValueError as exc:
+            raise BenchError(f"--model-shape {exc}") from None
     inputs, vllm = vllm_python(args, settings, inputs)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or threads)
