@@ -274,3 +274,39 @@ def test_a_full_queue_answers_429_and_the_others_go_on(guarded_server: str) -> N
     outcomes = asyncio.run(burst())
     assert outcomes.count("length") >= 2 and "429" in outcomes
     assert set(outcomes) <= {"length", "429"}
+
+
+def test_a_hybrid_model_served_answers_concurrent_requests_as_generate_does(
+    tmp_path_factory: pytest.TempPathFactory, family_model_dirs
+) -> None:
+    """Bamba (Mamba-2 layers beside attention) behind the API: six requests at once share three slots, each through
+    its own SSM state, and every answer is `generate`'s; /metrics counts no prefix lookups (prefix caching is off)."""
+    from tests.engine.helpers import loaded
+
+    hybrid = loaded(str(family_model_dirs["bamba"]))
+    prompts = [[5 + i, 40 + 3 * i, 77, 9 + i] * (1 + i % 3) for i in range(6)]
+    caps = [12, 3, 20, 7, 15, 5]
+    env = {"BATCHSCOPE_MODEL__NAME_OR_PATH": str(family_model_dirs["bamba"])}
+    env["BATCHSCOPE_BATCHING__MAX_BATCH_SIZE"] = "3"
+    with our_server(tmp_path_factory.mktemp("serve-hybrid"), env) as (url, _):
+        name = _client(url).models.list().data[0].id
+
+        async def ask_all() -> list[str]:
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+            async def ask(prompt: list[int], cap: int) -> str:
+                body = {"ignore_eos": True}
+                answer = await client.completions.create(
+                    model=name, prompt=prompt, max_tokens=cap, temperature=0, extra_body=body
+                )
+                return answer.choices[0].text
+
+            return await asyncio.gather(*(ask(p, c) for p, c in zip(prompts, caps, strict=True)))
+
+        texts = asyncio.run(ask_all())
+        metrics = _metrics(url)
+    for prompt, cap, text in zip(prompts, caps, texts, strict=True):
+        expected = reference(hybrid.model, prompt, cap, ignore_eos=True)
+        assert text == hybrid.tokenizer.decode(expected, skip_special_tokens=True)
+    assert metrics["batchscope:prefix_cache_queries_total"] == 0
+    assert metrics["batchscope:generation_tokens_total"] == sum(caps)
