@@ -27,7 +27,7 @@ class ModelShape:
     """A real model's sizes (its config's own fields) and what it stands for."""
 
     model_type: str
-    sizes: dict[str, int | float | bool]
+    sizes: dict[str, int | float | bool | list[str]]
     about: str
 
 
@@ -45,6 +45,23 @@ SHAPES: dict[str, ModelShape] = {
             "tie_word_embeddings": True,
         },
         "Qwen2/Qwen2.5-0.5B's sizes (24 layers, hidden 896, 14/2 heads, MLP 4,864) over the embedded tokenizer",
+    ),
+    # A hybrid: short-convolution layers beside attention (10 and 6 of 16), as LFM2-350M lays them out.
+    "lfm2-350m": ModelShape(
+        "lfm2",
+        {
+            "hidden_size": 1024,
+            "intermediate_size": 6656,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 128_000,
+            "conv_L_cache": 3,
+            "tie_word_embeddings": True,
+            "layer_types": ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
+        },
+        "LFM2-350M's layout (16 layers: 10 short convolutions, 6 attention; hidden 1,024, 16/8 heads) over the "
+        "embedded tokenizer",
     ),
 }
 
@@ -77,7 +94,12 @@ def build_shape(text: str, folder: Path | None = None, seed: int = 0) -> Path:
         raise ValueError(f"{folder} is not empty and holds no model: give an empty or new folder")
     shape = SHAPES[name]
     tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
-    sizes = {**shape.sizes, **({"num_hidden_layers": layers} if layers else {})}
+    sizes = dict(shape.sizes)
+    if layers:
+        sizes["num_hidden_layers"] = layers
+        kinds = sizes.get("layer_types")
+        if isinstance(kinds, list):  # the first LAYERS layers of the pattern, an attention layer among them
+            sizes["layer_types"] = [*kinds[: layers - 1], "full_attention"]
     config = AutoConfig.for_model(
         shape.model_type,
         vocab_size=len(tokenizer),

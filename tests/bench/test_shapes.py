@@ -31,7 +31,7 @@ def test_a_shape_keeps_the_real_models_widths_with_the_layers_asked_for(tmp_path
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("llama-70b", "model shape 'llama-70b' is not allowed: choose one of qwen2-0.5b"),
+        ("llama-70b", "model shape .llama-70b. is not allowed: choose one of qwen2-0.5b, lfm2-350m"),
         ("qwen2-0.5b:0", "LAYERS after ':' must be a whole number >= 1"),
         ("qwen2-0.5b:two", "LAYERS after ':' must be a whole number >= 1"),
     ],
@@ -65,3 +65,11 @@ def test_the_benchmark_runs_our_engine_on_a_shape_built_in_the_cache(
     assert (tmp_path / "cache" / "qwen2-0.5b-1" / "config.json").is_file()
     assert main([*argv[:4], "--model", "builtin", *argv[4:]]) == 2
     assert "--model and --model-shape are not allowed together" in capsys.readouterr().err
+
+
+def test_a_hybrid_shape_cut_short_keeps_its_pattern_and_an_attention_layer(tmp_path: Path) -> None:
+    config = AutoConfig.from_pretrained(build_shape("lfm2-350m:3", tmp_path / "lfm2"))
+    assert (config.model_type, config.hidden_size, config.num_hidden_layers) == ("lfm2", 1024, 3)
+    assert config.layer_types == ["conv", "conv", "full_attention"]
+    full = shapes.SHAPES["lfm2-350m"].sizes["layer_types"]
+    assert isinstance(full, list) and full.count("conv") == 10 and full.count("full_attention") == 6
