@@ -50,13 +50,13 @@ class ModelRunner:
         num_layers = model.config.get_text_config().num_hidden_layers
         # Without a pool of its own choosing, every row gets its whole `max_len` (a slot cache's memory).
         pool = pool or BlockPool(capacity * -(-max_len // DEFAULT_BLOCK_SIZE), DEFAULT_BLOCK_SIZE, prefix_caching=False)
-        # Inference tensors whoever builds the runner: a compiled step's guards check it, and the scratch runner
-        # that makes the graphs is built in inference mode.
         # A hybrid model's conv and SSM states live beside the blocks, and its mixers run per request.
         layout = recurrent_layout(model)
         if layout is not None:
             split_mixers(layout)
         self.cache_kwarg = cache_kwarg(model)
+        # Inference tensors whoever builds the runner: a compiled step's guards check it, and the scratch runner
+        # that makes the graphs is built in inference mode.
         with torch.inference_mode():
             self.cache = PagedKVCache(num_layers, capacity, max_len, pool, self.device, layout)
             # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
@@ -230,6 +230,7 @@ class ModelRunner:
                 torch._dynamo.mark_dynamic(layer.values, 1)
             if cache.capacity > 2:
                 by_row = [(input_ids, 1), (position_ids, 1), (write_slots, 0), (write_columns, 0), (tables, 0)]
+                # Bounded by the slot count: a hybrid's per-row states hold one row more, so no guard pins it.
                 for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.first_columns, 0)]:
                     torch._dynamo.mark_dynamic(tensor, dim, min=2, max=cache.capacity)
         plan = PackedPlan(padded_rows, None, None, mask, [], tables.shape[1] * cache.pool.block_size)
