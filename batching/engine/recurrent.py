@@ -267,8 +267,10 @@ def split_mixers(layout: RecurrentLayout) -> None:
 
 
 def _split_forward(mixer: torch.nn.Module, original: Callable[..., Any], continues_chunks: bool) -> Callable[..., Any]:
+    """`original` (the mixer's own forward) run per request when the engine's cache is passed; see `split_mixers`."""
     parameters = inspect.signature(original).parameters
     takes_mask = "attention_mask" in parameters
+    name = "past_key_values" if "past_key_values" in parameters else "cache_params"
     layer = int(mixer.layer_idx)  # type: ignore[arg-type]
 
     def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -276,7 +278,6 @@ def _split_forward(mixer: torch.nn.Module, original: Callable[..., Any], continu
         if cache is None:
             return original(hidden_states, *args, **kwargs)
         states: RecurrentStates = cache.recurrent_states
-        name = "past_key_values" if "past_key_values" in parameters else "cache_params"
         call_kwargs: dict[str, Any] = {name: cache}
         if takes_mask:
             call_kwargs["attention_mask"] = None  # a request's own tokens hold no padding: it is cut out below
