@@ -3,7 +3,9 @@ prompts, reference outputs, a run with late arrivals."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from functools import cache
 
 import torch
@@ -13,6 +15,20 @@ from batching.engine.events import Event, FinishedEvent, StepEvent
 from batching.engine.params import RequestParams
 from config.settings import ModelSettings
 from model.loader import LoadedModel, load_model
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread, as the engine process runs a small model: on shared cores two threads mostly wait on each
+    other (with other work on this machine, the eager matrix took 491 s on two threads and 33 s on one, and a
+    compiled step 53 ms instead of 0.6). Compiled graphs are guarded on the count: keep it the same across tests."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
 
 # The attention implementation each model was loaded with: references run on it, not on the engine's.
 _NATIVE_ATTENTION: dict[int, str] = {}

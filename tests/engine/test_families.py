@@ -15,7 +15,14 @@ from batching.engine.events import Event, FinishedEvent, RowKind
 from batching.engine.model_support import UnsupportedModelError, attention_features, model_context_length
 from batching.engine.params import RequestParams
 from tests.engine.families import FAMILIES, ORIGINAL_CONTEXT, WINDOW
-from tests.engine.helpers import loaded, random_prompts, reference, run_with_late_arrivals, steps_of
+from tests.engine.helpers import (
+    loaded,
+    one_torch_thread,
+    random_prompts,
+    reference,
+    run_with_late_arrivals,
+    steps_of,
+)
 from tests.helpers import ROOT
 
 EXACT = [family.name for family in FAMILIES if not family.refused]
@@ -35,15 +42,8 @@ def _prompts() -> list[list[int]]:
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    """One torch thread, as the engine process runs a small model: on shared cores two threads mostly wait on each
-    other (with other work on this machine, the eager matrix took 491 s on two threads and 33 s on one, and a
-    compiled step 53 ms instead of 0.6). Compiled graphs are guarded on the count: it is the same for every test."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _assert_equals_generate(batcher: Batcher, name: str) -> list[Event]:

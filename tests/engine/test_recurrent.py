@@ -14,7 +14,7 @@ from batching.engine.model_support import kv_bytes_per_token, recurrent_state_by
 from batching.engine.params import RequestParams
 from batching.engine.recurrent import RecurrentStates, recurrent_layout
 from tests.engine.families import FAMILIES
-from tests.engine.helpers import loaded, random_prompts, reference, run_with_late_arrivals
+from tests.engine.helpers import loaded, one_torch_thread, random_prompts, reference, run_with_late_arrivals
 
 RECURRENT = [family.name for family in FAMILIES if family.recurrent]
 CAPS = [1, 30, 3, 17, 20, 2]
@@ -22,12 +22,8 @@ CAPS = [1, 30, 3, 17, 20, 2]
 
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _prompts() -> list[list[int]]:
