@@ -24,7 +24,6 @@ from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
 from batching.engine.events import Event, FinishedEvent, MemoryView, PreemptedEvent, StepEvent, StepRow, TokenEvent
 from batching.engine.model_support import (
     context_reason,
-    has_recurrent_state,
     kv_bytes_per_token,
     model_context_length,
     recurrent_state_bytes,
@@ -165,9 +164,9 @@ class Batcher:
         context = self.builder.context_length
         # A static wave's rows also hold left padding (up to the longest prompt); positions never pass the context.
         padding_room = self.builder.max_prompt_tokens if mode == "static" else 0
-        # A hybrid's conv and SSM states cannot be cut at a block boundary: its prefixes are never shared.
-        prefix_caching = options.prefix_caching and mode == "continuous" and not has_recurrent_state(model)
-        self.state_bytes_per_request = recurrent_state_bytes(model)
+        self.state_bytes_per_request = recurrent_state_bytes(model)  # 0 unless a hybrid keeps conv / SSM states
+        # A hybrid's states cannot be cut at a block boundary: its prefixes are never shared.
+        prefix_caching = options.prefix_caching and mode == "continuous" and not self.state_bytes_per_request
         states = self.state_bytes_per_request * options.max_batch_size
         blocks = options.pool_blocks(context, kv_bytes_per_token(model), states)
         self.pool = BlockPool(blocks, options.block_size, prefix_caching)

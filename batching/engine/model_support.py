@@ -109,11 +109,6 @@ def recurrent_state_bytes(model: PreTrainedModel) -> int:
     return layout.bytes_per_request() if isinstance(layout, RecurrentLayout) else 0
 
 
-def has_recurrent_state(model: PreTrainedModel) -> bool:
-    """Whether the model keeps conv or SSM states per request (a hybrid): its prefix cannot be cut at a block."""
-    return recurrent_layout_or_refusal(model) is not None
-
-
 def probe_attention(model: PreTrainedModel) -> tuple[LayerAttention, ...]:
     """What each attention call of one forward pass passes (memoised per model)."""
     known = _probed.get(model)
