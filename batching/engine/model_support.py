@@ -106,7 +106,7 @@ def recurrent_layout_or_refusal(model: PreTrainedModel) -> RecurrentLayout | Non
 def recurrent_state_bytes(model: PreTrainedModel) -> int:
     """Bytes of conv and SSM state one running request holds (0 for attention-only models)."""
     layout = recurrent_layout_or_refusal(model)
-    return layout.bytes_per_request() if isinstance(layout, RecurrentLayout) else 0
+    return layout.bytes_per_request() if layout is not None else 0
 
 
 def probe_attention(model: PreTrainedModel) -> tuple[LayerAttention, ...]:
