@@ -174,10 +174,7 @@ class RecurrentStates:
     current: dict[int, tuple[list[torch.Tensor], list[torch.Tensor], bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        dtype = self.layout.dtype
-        # One spare row past the cache's: a compiled decode step reads rows `[0, n)` with `n` symbolic, and slicing
-        # a whole tensor (`n` equal to its size when the graph is traced) would pin `n` to that size.
-        rows = self.capacity + 1
+        dtype, rows = self.layout.dtype, self.capacity
         for shapes in self.layout.layers:
             self.conv[shapes.layer] = [torch.zeros((rows, *s), dtype=dtype, device=self.device) for s in shapes.conv]
             self.recurrent[shapes.layer] = [

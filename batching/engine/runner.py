@@ -230,9 +230,8 @@ class ModelRunner:
                 torch._dynamo.mark_dynamic(layer.values, 1)
             if cache.capacity > 2:
                 by_row = [(input_ids, 1), (position_ids, 1), (write_slots, 0), (write_columns, 0), (tables, 0)]
-                # Bounded by the slot count: a hybrid's per-row states hold one row more, so no guard pins it.
                 for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.first_columns, 0)]:
-                    torch._dynamo.mark_dynamic(tensor, dim, min=2, max=cache.capacity)
+                    torch._dynamo.mark_dynamic(tensor, dim)
         plan = PackedPlan(padded_rows, None, None, mask, [], tables.shape[1] * cache.pool.block_size)
         if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
             singles = [(row, row) for row in range(rows)]
