@@ -129,6 +129,11 @@ class EngineSettings(BaseModel):
     compile_steps: bool = Field(
         True, description="compile decode steps (torch.compile) in the background; steps run eager until ready"
     )
+    compile_prompt_steps: bool = Field(
+        True,
+        description="with compile_steps, also compile steps with prompt chunks (up to 128 tokens; a second graph,"
+        " made when the first such step asks)",
+    )
     compile_autotune: bool = Field(
         True,
         description="time inductor's C++ matrix kernels against MKL's and keep the faster: the first compile takes"

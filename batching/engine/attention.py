@@ -85,6 +85,33 @@ class PackedPlan:
     single_kv_len: int = 1  # the key columns the single-token rows' call reads: their gathered blocks' positions
 
 
+@dataclass
+class QueryGroup:
+    """Rows whose new tokens attend in one batched call, each row's queries padded to the group's longest.
+
+    `sources[i, q]` is the packed index of row i's q-th new token, `targets[i, q]` where its output goes: the
+    step's one extra token past the last for a padding query (its output is dropped). Row i of the group reads
+    row `first + i` of the step's gathered blocks (see `GroupedPlan`).
+    """
+
+    sources: torch.Tensor  # [rows, queries]
+    targets: torch.Tensor  # [rows, queries]
+    mask: RowMask  # query_columns [rows, 1, queries, 1], first_columns [rows, 1, 1, 1]
+
+
+@dataclass
+class GroupedPlan:
+    """A step as two groups of whole rows, in the order the runner laid out the step's tables: the single-token
+    rows, then the prompt chunks' rows, each group padded with rows that read the scratch block.
+
+    Every size is read from a tensor, so a compiled step keeps them all symbolic: tokens, rows of each group, the
+    longest chunk and the columns (see `compiled`): one graph for every step with a prompt chunk.
+    """
+
+    singles: QueryGroup  # one query per row
+    chunks: QueryGroup
+
+
 def attend(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -140,12 +167,14 @@ def packed_attention(
 ) -> tuple[torch.Tensor, None]:
     """`query` is `[1, heads, tokens, dim]`; `key`/`value` are every row's gathered blocks, `[rows, kv_heads, columns,
     dim]` (see `PagedLayer.update`), taken heads-first here."""
-    plan: PackedPlan | None = kwargs.get(PLAN_KWARG)
+    plan: PackedPlan | GroupedPlan | None = kwargs.get(PLAN_KWARG)
     window: int | None = kwargs.get("sliding_window")
     softcap: float | None = kwargs.get("softcap")
     sinks: torch.Tensor | None = kwargs.get("s_aux")
     if plan is None:
         return _unplanned(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if isinstance(plan, GroupedPlan):
+        return _grouped_attention(plan, query, key, value, scaling, window, softcap, sinks), None
     heads, total = query.shape[1], query.shape[2]  # sizes read from tensors, so a compiled step keeps them symbolic
     output = query.new_empty((1, total, heads, value.shape[3]))
     if plan.single_mask is not None:
@@ -177,6 +206,35 @@ def packed_attention(
         )
         output[0, chunk.start : chunk.end] = attended[0].transpose(0, 1)
     return output, None
+
+
+def _grouped_attention(  # noqa: PLR0913  (attention's own arguments, and the plan)
+    plan: GroupedPlan,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float | None,
+    window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """Each group's queries gathered into `[rows, heads, queries, dim]`, attended over its rows' blocks (a view:
+    the tables put them side by side), and written back to their packed places; padding queries write to the
+    extra last token, then dropped."""
+    heads, total = query.shape[1], query.shape[2]
+    tokens = query[0].transpose(0, 1)  # [tokens, heads, dim], a view
+    output = query.new_empty((total + 1, heads, value.shape[3]))
+    first = 0
+    for group in (plan.singles, plan.chunks):
+        rows, queries = group.sources.shape
+        grouped = tokens[group.sources].permute(0, 2, 1, 3)  # [rows, heads, queries, dim]
+        own_key = key[first : first + rows].transpose(0, 1)
+        own_value = value[first : first + rows].transpose(0, 1)
+        mask = group.mask.additive(window, key.shape[2])
+        attended = attend(grouped, own_key, own_value, mask, scaling, softcap, sinks)
+        output[group.targets.reshape(-1)] = attended.transpose(1, 2).reshape(rows * queries, heads, value.shape[3])
+        first = first + rows
+    return output[:total].unsqueeze(0)
 
 
 def _unplanned(

@@ -56,6 +56,7 @@ class BatcherOptions:
     step_detail: bool = True  # each StepEvent lists its rows (the step inspector's data); off for lean benchmarks
     compile_steps: bool = False  # decode steps through a compiled graph once it is ready (see engine.compiled)
     compile_autotune: bool = True  # the compiler picks its matrix kernels by timing them (a longer first compile)
+    compile_prompt_steps: bool = False  # with compile_steps: steps with prompt chunks through a graph of their own
     block_size: int = DEFAULT_BLOCK_SIZE  # KV positions per block
     # The KV pool: at most one of these (none: every slot's whole context, what a cache of full-length slots holds).
     kv_blocks: int | None = None
@@ -185,6 +186,7 @@ class Batcher:
             max_position=context - 1,
             compile_steps=options.compile_steps,
             compile_autotune=options.compile_autotune,
+            compile_prompt_steps=options.compile_prompt_steps,
         )
         self.runner.describe_masks = options.step_detail
         self.eos_ids = eos_token_ids(model, tokenizer)

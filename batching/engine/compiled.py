@@ -34,6 +34,11 @@ logger = logging.getLogger(__name__)
 
 Bucket = tuple[int, int]  # (rows, cached columns) of a padded decode step
 KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler would specialise on)
+StepKind = Literal["decode", "mixed"]  # every row one token; or prompt chunks (beside decode rows or not)
+# Steps with prompt chunks up to this many tokens go through their graph; bigger ones run eager. Measured on the
+# embedded model (1 thread): eager pays a fixed ~4 ms over the raw matmuls, which is most of a step of 7 decode
+# rows and a 40-token chunk, and little of a 200-token one, whose matmuls (and the eager kernels') dominate.
+MIXED_MAX_TOKENS = 128
 
 # Measured on the embedded model, 8 rows over 100 cached tokens, 1 thread, against raw matmuls over the same
 # weights: 2.2x that floor with inductor's defaults; 1.83x with the weights frozen into the graph (packed once for
@@ -60,8 +65,10 @@ AUTOTUNE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "max_autotune_report_choices_stats": False,
 }
 
-_compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[bool, Callable[..., object]]] = weakref.WeakKeyDictionary()
-_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int, bool], StepCompiler]] = (
+_compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[bool, StepKind], Callable[..., object]]] = (
+    weakref.WeakKeyDictionary()
+)
+_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int, bool, StepKind], StepCompiler]] = (
     weakref.WeakKeyDictionary()
 )
 _lock = threading.RLock()
@@ -139,23 +146,24 @@ def use_compile_cache(folder: Path | None = None) -> Path:
     return folder
 
 
-def compiled_forward(model: PreTrainedModel, autotune: bool) -> Callable[..., object]:
-    """One compiled forward per model (and autotune choice), shared by every batcher on it: call it with the model,
-    then its inputs.
+def compiled_forward(model: PreTrainedModel, autotune: bool, kind: StepKind = "decode") -> Callable[..., object]:
+    """One compiled forward per model, autotune choice and step kind, shared by every batcher on it: call it with
+    the model, then its inputs.
 
     Each model gets a code object of its own to compile: dynamo keeps its graphs on the code object it starts
     from, and its guards cannot tell two models of one class apart (a model is guarded by type, not identity), so
     through `model.forward` a second model would run the first one's graph, with the first one's weights frozen in.
+    Each kind too, so a decode step checks the decode graph's guards only.
     """
     with _lock:
         forwards = _compiled.setdefault(model, {})
-        forward = forwards.get(autotune)
+        forward = forwards.get((autotune, kind))
         if forward is None:
             code = _run_model.__code__.replace(co_name=f"_run_model_{next(_model_numbers)}")
             run = types.FunctionType(code, _run_model.__globals__, code.co_name)
             options = {**COMPILE_OPTIONS, **(AUTOTUNE_OPTIONS if autotune else {})}
             # Not bound to the model (it is passed at each call): the weak dictionary does not keep its own key alive.
-            forward = forwards[autotune] = torch.compile(run, fullgraph=True, dynamic=None, options=options)
+            forward = forwards[autotune, kind] = torch.compile(run, fullgraph=True, dynamic=None, options=options)
         return forward
 
 
@@ -166,15 +174,18 @@ def _run_model(model: PreTrainedModel, **inputs: Any) -> object:
 Warm = Callable[[Callable[..., object], Bucket], None]  # runs one step of a bucket through a compiled forward
 
 
-def step_compiler(model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm) -> StepCompiler:
-    """The compiler of this model's decode steps for a slot count and block size: batchers of one shape share it
-    (a race's two lanes, whatever their context and pool), so a batcher made after another finds the graph ready."""
+def step_compiler(
+    model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm, kind: StepKind = "decode"
+) -> StepCompiler:
+    """The compiler of this model's decode steps (or steps with prompt chunks) for a slot count and block size:
+    batchers of one shape share it (a race's two lanes, whatever their context and pool), so a batcher made after
+    another finds the graph ready."""
     with _lock:
         compilers = _compilers.setdefault(model, {})
-        key = (capacity, block_size, autotune)
+        key = (capacity, block_size, autotune, kind)
         compiler = compilers.get(key)
         if compiler is None:
-            compiler = compilers[key] = StepCompiler(model, capacity, block_size, autotune, warm)
+            compiler = compilers[key] = StepCompiler(model, capacity, block_size, autotune, warm, kind)
         return compiler
 
 
@@ -212,8 +223,17 @@ class StepCompiler:
     provides it), which is what makes the graph.
     """
 
-    def __init__(self, model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm) -> None:
-        self.forward = compiled_forward(model, autotune)
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        capacity: int,
+        block_size: int,
+        autotune: bool,
+        warm: Warm,
+        kind: StepKind = "decode",
+    ) -> None:
+        self.forward = compiled_forward(model, autotune, kind)
+        self.kind = kind
         self.capacity = capacity
         # Columns are rounded to whole blocks and to KV_STEP (both powers of two).
         self.column_step = max(KV_STEP, block_size)
@@ -228,9 +248,12 @@ class StepCompiler:
     def bucket(self, rows: int, kv_len: int) -> Bucket:
         """The padded shape of a decode step with `rows` rows reading `kv_len` cached columns (whole blocks: the
         rows' tables are gathered, so no column count is special, the cache's length included)."""
-        columns = -(-kv_len // self.column_step) * self.column_step
         # One row is padded to two: a symbolic size of 1 would be specialised on (a second graph).
-        return (min(max(rows, 2), self.capacity), columns)
+        return (min(max(rows, 2), self.capacity), self.columns(kv_len))
+
+    def columns(self, kv_len: int) -> int:
+        """`kv_len` cached columns rounded up to the graph's column step."""
+        return -(-kv_len // self.column_step) * self.column_step
 
     @property
     def ready(self) -> bool:
@@ -299,8 +322,12 @@ class StepCompiler:
             with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
                 self._warm(self.forward, (self.capacity, 2 * self.column_step))
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
-            self.fail(exc, "compiling the decode step failed")
+            self.fail(exc, f"compiling the {self.what} failed")
             return
         self.compile_s = time.perf_counter() - start
         self._ready.set()
-        logger.info("decode steps of %d rows compiled in %.1f s", self.capacity, self.compile_s)
+        logger.info("%ss of %d rows compiled in %.1f s", self.what, self.capacity, self.compile_s)
+
+    @property
+    def what(self) -> str:
+        return "decode step" if self.kind == "decode" else "prompt step"

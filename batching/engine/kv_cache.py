@@ -15,6 +15,7 @@ padding (a static wave's) included: the first `padding[row]` columns are padding
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +81,7 @@ class PagedLayer(CacheLayerMixin):
 
     def get_seq_length(self) -> int:
         if torch.compiler.is_compiling():
-            # A compiled step (always a decode step) reads it from its own write columns, each row's length, as a
+            # A compiled step reads it from its own write columns (a decode step's: each row's length), as a
             # 0-d tensor as transformers' static cache does: a Python int would be guarded on, so every step would
             # re-trace (OPT asks for it in every forward, and uses it only without position ids).
             return self.owner.plan.write_columns.max()  # type: ignore[return-value]
@@ -192,6 +193,15 @@ class PagedKVCache(Cache):
         tables = []
         for row in range(rows):
             owner = self._owner_of[row] if row < self.active_rows else None
+            table = self.pool.tables.get(owner, [])[:blocks] if owner is not None else []
+            tables.append(table + [self.scratch_block] * (blocks - len(table)))
+        return tables
+
+    def tables_of(self, rows: Sequence[int | None], blocks: int) -> list[list[int]]:
+        """The first `blocks` entries of these rows' tables in this order; None: a padding row (the scratch block)."""
+        tables = []
+        for row in rows:
+            owner = self._owner_of[row] if row is not None else None
             table = self.pool.tables.get(owner, [])[:blocks] if owner is not None else []
             tables.append(table + [self.scratch_block] * (blocks - len(table)))
         return tables

@@ -68,16 +68,25 @@ def describe_step(
 ) -> StepMask:
     """The runner's step, from its plan and what the plan was built from: `singles` (row, packed index), each
     row's first new column and its padding columns (read before the step writes). A few integers per row."""
-    kv_len = plan.single_kv_len
-    placed = [(index, MaskRow(row, first_columns[row], 1, kv_len, padding[row], True)) for row, index in singles]
+    chunks = [(chunk.row, chunk.start, chunk.end, chunk.kv_len) for chunk in plan.chunks]
+    return describe_rows(plan.single_kv_len, singles, chunks, first_columns, padding, windows, recurrent_layers)
+
+
+def describe_rows(
+    single_kv_len: int,
+    singles: Sequence[tuple[int, int]],
+    chunks: Sequence[tuple[int, int, int, int]],
+    first_columns: Sequence[int],
+    padding: Sequence[int],
+    windows: tuple[int | None, ...],
+    recurrent_layers: int = 0,
+) -> StepMask:
+    """A step's masks from its rows: `singles` (row, packed index) read `single_kv_len` columns in one batched
+    call; each chunk (row, packed start, packed end, columns read) is a call of its own."""
+    placed = [(index, MaskRow(row, first_columns[row], 1, single_kv_len, padding[row], True)) for row, index in singles]
     placed += [
-        (
-            chunk.start,
-            MaskRow(
-                chunk.row, first_columns[chunk.row], chunk.end - chunk.start, chunk.kv_len, padding[chunk.row], False
-            ),
-        )
-        for chunk in plan.chunks
+        (start, MaskRow(row, first_columns[row], end - start, kv_len, padding[row], False))
+        for row, start, end, kv_len in chunks
     ]
     placed.sort(key=lambda item: item[0])
     return StepMask(tuple(row for _, row in placed), windows, recurrent_layers)

@@ -4,19 +4,41 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from batching.engine.attention import PLAN_KWARG, ChunkPlan, PackedPlan, RowMask, use_packed_attention
+from batching.engine.attention import (
+    PLAN_KWARG,
+    ChunkPlan,
+    GroupedPlan,
+    PackedPlan,
+    QueryGroup,
+    RowMask,
+    use_packed_attention,
+)
 from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
-from batching.engine.compiled import Bucket, StepCompiler, step_compiler
+from batching.engine.compiled import MIXED_MAX_TOKENS, Bucket, StepCompiler, step_compiler
 from batching.engine.kv_cache import PagedKVCache, StepPlan
-from batching.engine.mask_view import StepMask, describe_step, layer_windows
+from batching.engine.mask_view import StepMask, describe_rows, describe_step, layer_windows
 from batching.engine.model_support import check_supported
 from batching.engine.recurrent import StateGroup, StatePlan, cache_kwarg, recurrent_layout, split_mixers
+
+
+@dataclass
+class PackedStep:
+    """A step's new tokens, every row's packed into one sequence, and where each goes in the cache."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    write_slots: list[int] = field(default_factory=list)
+    write_columns: list[int] = field(default_factory=list)
+    last_token: list[int] = field(default_factory=list)  # per row: its last new token's packed index
+    singles: list[tuple[int, int]] = field(default_factory=list)  # (row, packed index): one new token
+    chunks: list[tuple[int, int, int]] = field(default_factory=list)  # (row, packed start, packed end): a prompt chunk
 
 
 class ModelRunner:
@@ -38,6 +60,7 @@ class ModelRunner:
         max_position: int | None = None,
         compile_steps: bool = False,
         compile_autotune: bool = True,
+        compile_prompt_steps: bool = False,
     ) -> None:
         check_supported(model)  # refuse before any request rather than answer wrongly
         self.model = model
@@ -62,11 +85,18 @@ class ModelRunner:
             # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
             self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
-        self.compiled_steps = 0  # decode steps the compiled graph answered: what shows it served them
+        self.compiled_steps = 0  # steps a compiled graph answered: what shows it served them
+        self.mixed_compiler: StepCompiler | None = None  # steps with prompt chunks (up to MIXED_MAX_TOKENS tokens)
         if compile_steps:
             # A weak reference: the compiler is a value of a weak dictionary keyed by this model.
-            warm = partial(_warm_bucket, weakref.ref(model), capacity, max_len, pad_token_id, pool.block_size)
+            shape = (weakref.ref(model), capacity, max_len, pad_token_id, pool.block_size)
+            warm = partial(_warm_bucket, *shape)
             self.compiler = step_compiler(model, capacity, pool.block_size, compile_autotune, warm)
+            if compile_prompt_steps and layout is None:
+                warm_mixed = partial(_warm_mixed, *shape)
+                self.mixed_compiler = step_compiler(
+                    model, capacity, pool.block_size, compile_autotune, warm_mixed, kind="mixed"
+                )
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None
@@ -103,52 +133,48 @@ class ModelRunner:
                 if count:
                     cache.mark_padding(row, cache.lengths[row] + count)
 
-        input_ids: list[int] = []
-        positions: list[int] = []
-        write_slots: list[int] = []
-        write_columns: list[int] = []
-        last_token: list[int] = []
-        singles: list[tuple[int, int]] = []  # (row, packed index)
-        chunks: list[tuple[int, int, int]] = []  # (row, packed start, packed end)
+        packed = self._pack(row_tokens)
+        self.last_compiled = False
+        if len(packed.singles) == rows and not packed.chunks:
+            logits = self._decode(packed.input_ids, packed.positions, packed.write_slots)
+        else:
+            step = self._mixed_step(len(packed.input_ids))
+            logits = self._packed(packed) if step is None else self._compiled_mixed(step, packed)
+        for row, tokens in enumerate(row_tokens):
+            cache.lengths[row] += len(tokens)
+        return logits
+
+    def _pack(self, row_tokens: Sequence[list[int]]) -> PackedStep:
+        """Every row's new tokens in one sequence, with where each goes in the cache."""
+        cache = self.cache
+        packed = PackedStep()
         for row, tokens in enumerate(row_tokens):
             start, count = cache.lengths[row], len(tokens)
             if start + count > self.max_len:
                 raise ValueError(f"row {row} would hold {start + count} tokens; the cache holds {self.max_len}")
             position = cache.position_of_next(row)
-            packed_start = len(input_ids)
-            input_ids.extend(tokens)
-            positions.extend(min(max(0, position + j), self.max_position) for j in range(count))
-            write_slots.extend(cache.slots(row, start, count))
-            write_columns.extend(range(start, start + count))
-            last_token.append(max(packed_start + count - 1, 0))
+            packed_start = len(packed.input_ids)
+            packed.input_ids.extend(tokens)
+            packed.positions.extend(min(max(0, position + j), self.max_position) for j in range(count))
+            packed.write_slots.extend(cache.slots(row, start, count))
+            packed.write_columns.extend(range(start, start + count))
+            packed.last_token.append(max(packed_start + count - 1, 0))
             if count == 1:
-                singles.append((row, packed_start))
+                packed.singles.append((row, packed_start))
             elif count > 1:
-                chunks.append((row, packed_start, packed_start + count))
-        if not input_ids:
+                packed.chunks.append((row, packed_start, packed_start + count))
+        if not packed.input_ids:
             raise ValueError("no row has a new token this step")
-        self.last_compiled = False
-        if len(singles) == rows and not chunks:
-            logits = self._decode(input_ids, positions, write_slots)
-        else:
-            logits = self._packed(input_ids, positions, write_slots, write_columns, last_token, singles, chunks)
-        for row, tokens in enumerate(row_tokens):
-            cache.lengths[row] += len(tokens)
-        return logits
+        return packed
 
-    def _packed(
-        self,
-        input_ids: list[int],
-        positions: list[int],
-        write_slots: list[int],
-        write_columns: list[int],
-        last_token: list[int],
-        singles: list[tuple[int, int]],
-        chunks: list[tuple[int, int, int]],
-    ) -> torch.Tensor:
-        """A step with prompt chunks: every row's new tokens packed into one sequence, always eager."""
-        cache, rows = self.cache, len(last_token)
+    def _packed(self, packed: PackedStep) -> torch.Tensor:
+        """A step with prompt chunks, eager: every row's new tokens packed into one sequence, each chunk attending
+        on its own over its row's columns."""
+        cache, rows = self.cache, len(packed.last_token)
         device = self.device
+        input_ids, positions, write_slots = packed.input_ids, packed.positions, packed.write_slots
+        write_columns, last_token = packed.write_columns, packed.last_token
+        singles, chunks = packed.singles, packed.chunks
         reach = [cache.lengths[row] + 1 for row, _ in singles] + [cache.lengths[r] + e - s for r, s, e in chunks]
         blocks = cache.pool.blocks_for(max(reach))
         cache.plan = StepPlan(
@@ -173,6 +199,121 @@ class ModelRunner:
             **{PLAN_KWARG: plan},
         )
         return output.logits[0].float()
+
+    def _mixed_step(self, tokens: int) -> Callable[..., object] | None:
+        """The compiled forward for a step with prompt chunks when its graph is ready and the step is small enough
+        for it (else None: eager); the graph is made meanwhile. Hybrids' prompt steps stay eager (their mixers run
+        each chunk on its own)."""
+        compiler = self.mixed_compiler
+        if compiler is None or tokens > MIXED_MAX_TOKENS or self.cache.recurrent_states is not None:
+            return None
+        if not self.cache.initialized_layers():  # the first step allocates the cache, eager (not in a graph)
+            return None
+        return compiler.step()
+
+    def _compiled_mixed(self, step: Callable[..., object], packed: PackedStep) -> torch.Tensor:
+        """A step with prompt chunks through the compiled graph; eager (for good) if the graph fails."""
+        compiler = self.mixed_compiler
+        assert compiler is not None
+        try:
+            logits = self._grouped_with(step, packed)
+        except Exception as exc:  # as a decode step's: the step reruns eager, no request pays for it
+            compiler.fail(exc, "a compiled prompt step failed")
+            return self._packed(packed)
+        self.compiled_steps += 1
+        self.last_compiled = True
+        return logits
+
+    def _grouped_with(
+        self, step: Callable[..., object] | None, packed: PackedStep, trace: bool = False
+    ) -> torch.Tensor:
+        """A step with prompt chunks as two padded groups (see `GroupedPlan`): the single-token rows, then the
+        chunks' rows, each at least two (padding rows read the scratch block, their queries write past the last
+        token), so no size of the compiled graph is ever 0 or 1 (sizes the compiler would specialise on)."""
+        cache, device, dtype = self.cache, self.device, self.model.dtype
+        singles, chunks, last_token = packed.singles, packed.chunks, packed.last_token
+        total, rows = len(packed.input_ids), len(last_token)
+        single_rows = max(len(singles), 2)
+        chunk_rows = max(len(chunks), 2)
+        longest = max(end - start for _, start, end in chunks)
+        reach = [cache.lengths[row] + 1 for row, _ in singles] + [cache.lengths[r] + e - s for r, s, e in chunks]
+        columns = self.mixed_compiler.columns(max(reach)) if self.mixed_compiler is not None else max(reach)
+        order: list[int | None] = [row for row, _ in singles] + [None] * (single_rows - len(singles))
+        order += [row for row, _, _ in chunks] + [None] * (chunk_rows - len(chunks))
+        tables = torch.tensor(cache.tables_of(order, cache.pool.blocks_for(columns)), device=device)
+        cache.plan = StepPlan(
+            slots=torch.tensor(packed.write_slots, device=device),
+            write_columns=torch.tensor(packed.write_columns, device=device),
+            tables=tables,
+        )
+        pad = [(0, total, 0, 0)] * (single_rows - len(singles))  # (source, target, column, first)
+        single = [(index, index, cache.lengths[row], cache.padding[row]) for row, index in singles] + pad
+        sources, targets, own, first = zip(*single, strict=True)
+        single_group = QueryGroup(
+            torch.tensor(sources, device=device)[:, None],
+            torch.tensor(targets, device=device)[:, None],
+            RowMask(
+                torch.tensor(own, device=device)[:, None, None, None],
+                torch.tensor(first, device=device)[:, None, None, None],
+                dtype,
+            ),
+        )
+        chunk_sources, chunk_targets, chunk_columns, chunk_first = [], [], [], []
+        for row, start, end in chunks:
+            count, length = end - start, cache.lengths[row]
+            # A padding query repeats the chunk's last token: it sees what that one sees, and its output is dropped.
+            chunk_sources.append([start + min(j, count - 1) for j in range(longest)])
+            chunk_targets.append([start + j if j < count else total for j in range(longest)])
+            chunk_columns.append([length + min(j, count - 1) for j in range(longest)])
+            chunk_first.append(cache.padding[row])
+        for _ in range(chunk_rows - len(chunks)):
+            chunk_sources.append([0] * longest)
+            chunk_targets.append([total] * longest)
+            chunk_columns.append([0] * longest)
+            chunk_first.append(0)
+        chunk_group = QueryGroup(
+            torch.tensor(chunk_sources, device=device),
+            torch.tensor(chunk_targets, device=device),
+            RowMask(
+                torch.tensor(chunk_columns, device=device)[:, None, :, None],
+                torch.tensor(chunk_first, device=device)[:, None, None, None],
+                dtype,
+            ),
+        )
+        plan = GroupedPlan(single_group, chunk_group)
+        if self.describe_masks:
+            kv_len = tables.shape[1] * cache.pool.block_size
+            described = [(row, start, end, kv_len) for row, start, end in chunks]
+            self.last_mask = describe_rows(
+                kv_len, singles, described, cache.lengths, cache.padding, self.windows, self.recurrent_layers
+            )
+        # Rows past the real ones (a step of one row) keep the logits' row count off 1.
+        keep = torch.tensor(last_token + [0] * (max(rows, 2) - rows), device=device)
+        model_input_ids = torch.tensor([packed.input_ids], device=device)
+        position_ids = torch.tensor([packed.positions], device=device)
+        if trace:
+            # Every size symbolic: one graph for every step with prompt chunks (see `compiled`).
+            dynamic = [(model_input_ids, 1), (position_ids, 1), (cache.plan.slots, 0), (cache.plan.write_columns, 0)]
+            dynamic += [(tables, 0), (tables, 1), (keep, 0)]
+            for group in (single_group, chunk_group):
+                dynamic += [(group.sources, 0), (group.targets, 0), (group.mask.query_columns, 0)]
+                dynamic += [(group.mask.first_columns, 0)]
+            dynamic += [(chunk_group.sources, 1), (chunk_group.targets, 1), (chunk_group.mask.query_columns, 2)]
+            for layer in cache.initialized_layers():
+                dynamic += [(layer.keys, 1), (layer.values, 1)]
+            for tensor, dim in dynamic:
+                torch._dynamo.mark_dynamic(tensor, dim)
+        forward: Callable[..., Any] = self.model if step is None else partial(step, self.model)
+        output = forward(
+            input_ids=model_input_ids,
+            position_ids=position_ids,
+            attention_mask=self._placeholder_mask,
+            **{self.cache_kwarg: cache},
+            use_cache=True,
+            logits_to_keep=keep,
+            **{PLAN_KWARG: plan},
+        )
+        return output.logits[0, :rows].float()
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
         """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile)."""
@@ -320,3 +461,36 @@ def _warm_bucket(
     scratch.cache.lengths[:rows] = [columns - 1] * rows
     slots = [scratch.cache.slots(row, columns - 1, 1)[0] for row in range(rows)]
     scratch._decode_with([pad_token_id] * rows, [0] * rows, slots, forward, bucket, trace=True)
+
+
+@torch.inference_mode()
+def _warm_mixed(
+    model_ref: weakref.ref[PreTrainedModel],
+    capacity: int,
+    max_len: int,
+    pad_token_id: int,
+    block_size: int,
+    forward: Callable[..., object],
+    bucket: Bucket,
+) -> None:
+    """Run one step with prompt chunks through the compiled forward on a scratch runner: single-token rows beside
+    a first chunk and a later one, every count distinct, so no two sizes are traced equal."""
+    model = model_ref()
+    if model is None:
+        raise RuntimeError("the model was unloaded before its prompt-step graph was made")
+    _, columns = bucket
+    pool = BlockPool(capacity * -(-columns // block_size), block_size, prefix_caching=False)
+    scratch = ModelRunner(model, capacity, max_len, pad_token_id, pool)
+    singles = min(capacity - 2, 3)  # a chunk row or two beside them
+    for row in range(capacity):
+        scratch.claim(f"warm{row}")
+        pool.grow(f"warm{row}", columns)
+    scratch.forward([[pad_token_id]] * capacity)  # allocates the scratch cache, eager
+    history = columns // 2
+    scratch.cache.lengths[:capacity] = [history] * capacity
+    row_tokens: list[list[int]] = [[pad_token_id]] * max(singles, 0) + [[pad_token_id] * 7]
+    if capacity > 1:
+        row_tokens.append([pad_token_id] * 5)
+    row_tokens += [[] for _ in range(capacity - len(row_tokens))]
+    scratch.cache.lengths[len(row_tokens) - 1] = 0 if capacity > 1 else history  # a first chunk
+    scratch._grouped_with(forward, scratch._pack(row_tokens[:capacity]), trace=True)

@@ -52,6 +52,7 @@ def engine_options(settings: Settings, batch_size: int | None = None, policy: st
         max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
         compile_steps=settings.engine.compile_steps,
         compile_autotune=settings.engine.compile_autotune,
+        compile_prompt_steps=settings.engine.compile_prompt_steps,
         block_size=settings.batching.block_size,
         kv_cache_tokens=None if settings.batching.kv_cache_mb else settings.batching.kv_cache_tokens,
         kv_cache_mb=settings.batching.kv_cache_mb,

@@ -32,6 +32,9 @@ CAPS = [1, 60, 3, 17, 40, 2, 25, 9]
 LONGEST_PROMPT = 30  # several chunks under the token budget below, and far past the sliding window
 COMPILED_CONTEXT = 96  # the longest request (prompt 30, cap 60) fits
 ONE_TOKEN = (RowKind.DECODE, RowKind.HELD)  # a step whose rows are all these is a decode step
+# Families whose steps with prompt chunks also go through a compiled graph here (10-20 s a graph): the plain case,
+# a sliding window with soft-capping, attention sinks, MLA's value head size, and learned positions.
+PROMPT_GRAPH_FAMILIES = ["llama", "gemma2", "gpt_oss", "deepseek_v3", "opt"]
 
 
 def _prompts() -> list[list[int]]:
@@ -104,7 +107,7 @@ def test_preemption_and_prefix_hits_stay_exact_for_every_supported_family(family
     assert batcher.pool.usage().in_use == 0
 
 
-def _compiled_options(mode: str) -> BatcherOptions:
+def _compiled_options(mode: str, prompt_steps: bool = False) -> BatcherOptions:
     """The matrix's slots and budget with compiled steps, the kernels untimed (a compile of half the time).
 
     Both batchers get caches of one length, so they share one graph (a compiler per slot count and cache length):
@@ -119,6 +122,7 @@ def _compiled_options(mode: str) -> BatcherOptions:
         max_prompt_tokens=LONGEST_PROMPT,
         compile_steps=True,
         compile_autotune=False,
+        compile_prompt_steps=prompt_steps,
     )
 
 
@@ -137,6 +141,25 @@ def test_compiled_decode_steps_equal_generate_for_every_supported_family(family_
     decode_steps = sum(all(row.kind in ONE_TOKEN for row in step.rows) for step in steps_of(events))
     # Every decode step went through the graph made up front: none ran eager, none re-traced it, none broke it.
     assert batcher.runner.compiled_steps == decode_steps > 20 and not compiler.failed
+    assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", PROMPT_GRAPH_FAMILIES)
+def test_compiled_prompt_steps_equal_generate(family_model_dirs, name, mode) -> None:
+    model = loaded(str(family_model_dirs[name]))
+    batcher = Batcher(model.model, model.tokenizer, _compiled_options(mode, prompt_steps=True), mode=mode)
+    runner = batcher.runner
+    assert runner.compiler is not None and runner.mixed_compiler is not None
+    assert runner.compiler.compile_now() is not None and runner.mixed_compiler.compile_now() is not None
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    steps = steps_of(_assert_equals_generate(batcher, name))
+    prompt_steps = [step for step in steps if not all(row.kind in ONE_TOKEN for row in step.rows)]
+    # Every step went through a graph but the first (it allocates the cache, eager): prompt chunks beside decode
+    # rows, chunks alone, a static wave's left-padded rows; none re-traced a graph, none broke one.
+    assert not steps[0].compiled and all(step.compiled for step in steps[1:])
+    assert len(prompt_steps) >= 3 and runner.compiled_steps == len(steps) - 1
     assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
 
 
