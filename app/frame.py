@@ -173,7 +173,10 @@ def engine_lines(service: EngineClient, settings: Settings) -> None:
 def compile_caption(state: CompileState) -> str:
     """One line on the decode steps: eager, being compiled in the background, or compiled."""
     if state.stage == "compiled":
-        return f"Decode steps: compiled (the graph took {state.seconds:.0f} s to make, once per batch size)."
+        return (
+            f"Decode steps: compiled (the slowest graph took {state.seconds:.0f} s to make, once per batch size; "
+            "steps with prompt chunks get a graph of their own once the decode graph is made)."
+        )
     return {
         "off": "Decode steps: eager (compiling is off: BATCHSCOPE_ENGINE__COMPILE_STEPS=false).",
         "waiting": "Decode steps: eager; the first run starts compiling them in the background.",

@@ -110,18 +110,21 @@ def steps_frame(run: RunRecord) -> pd.DataFrame:
 
 
 def steps_kind(run: RunRecord) -> str:
-    """How a run's steps ran, in a few words: eager, compiled (decode steps; prompt steps are always eager), or
-    where it switched, so no figure is read without knowing which."""
+    """How a run's steps ran, in a few words: eager, compiled, or where its decode steps switched (and how many of
+    its steps with prompt chunks ran compiled, when any did), so no figure is read without knowing which."""
     decode = [event for event in run.steps if event.decode_tokens and not event.prefill_tokens]
+    prompt = [event for event in run.steps if event.prefill_tokens]
     compiled = [event for event in decode if event.compiled]
+    compiled_prompt = sum(event.compiled for event in prompt)
+    prompt_note = f", {compiled_prompt} of {len(prompt)} prompt steps compiled" if compiled_prompt else ""
     if not compiled:
-        return "eager steps"
+        return "eager steps" if not compiled_prompt else f"eager decode steps{prompt_note}"
     if len(compiled) == len(decode):
-        return "compiled decode steps"
+        return f"compiled decode steps{prompt_note}"
     first = compiled[0].index
     if all(event.compiled for event in decode if event.index >= first):
-        return f"eager, then compiled decode steps from step {first + 1}"
-    return f"{len(compiled)} of {len(decode)} decode steps compiled"
+        return f"eager, then compiled decode steps from step {first + 1}{prompt_note}"
+    return f"{len(compiled)} of {len(decode)} decode steps compiled{prompt_note}"
 
 
 def slot_timeline_frame(run: RunRecord) -> pd.DataFrame:

@@ -92,7 +92,7 @@ class ModelRunner:
             shape = (weakref.ref(model), capacity, max_len, pad_token_id, pool.block_size)
             warm = partial(_warm_bucket, *shape)
             self.compiler = step_compiler(model, capacity, pool.block_size, compile_autotune, warm)
-            if compile_prompt_steps and layout is None:
+            if compile_prompt_steps and layout is None:  # a hybrid's mixers run each chunk on its own: eager
                 warm_mixed = partial(_warm_mixed, *shape)
                 self.mixed_compiler = step_compiler(
                     model, capacity, pool.block_size, compile_autotune, warm_mixed, kind="mixed"
@@ -202,10 +202,10 @@ class ModelRunner:
 
     def _mixed_step(self, tokens: int) -> Callable[..., object] | None:
         """The compiled forward for a step with prompt chunks when its graph is ready and the step is small enough
-        for it (else None: eager); the graph is made meanwhile. Hybrids' prompt steps stay eager (their mixers run
-        each chunk on its own)."""
+        for it (else None: eager); the graph is made meanwhile, once the decode graph is ready (decode steps are
+        most steps: their graph comes first)."""
         compiler = self.mixed_compiler
-        if compiler is None or tokens > MIXED_MAX_TOKENS or self.cache.recurrent_states is not None:
+        if compiler is None or tokens > MIXED_MAX_TOKENS or self.compiler is None or not self.compiler.ready:
             return None
         if not self.cache.initialized_layers():  # the first step allocates the cache, eager (not in a graph)
             return None

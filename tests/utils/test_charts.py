@@ -264,3 +264,23 @@ def test_the_export_module_is_the_only_csv_writer_in_the_repository() -> None:
     writers = re.compile(r"(?<!export)\.to_csv\(|csv\.writer\(|csv\.DictWriter\(")
     found = sorted(str(path.relative_to(ROOT)) for path in sources if writers.search(path.read_text(encoding="utf-8")))
     assert found == ["utils/export.py"]
+
+
+def test_steps_kind_says_which_steps_ran_compiled() -> None:
+    from utils.metrics import steps_kind
+
+    def run(*steps: tuple[int, bool]) -> RunRecord:
+        record = RunRecord("continuous", start=0.0)
+        for index, (prefill, compiled) in enumerate(steps):
+            decode = 0 if prefill > 8 else 1
+            record.add(StepEvent(index, index, index + 1, ("a",), prefill, decode, compiled=compiled))
+        return record
+
+    assert steps_kind(run((9, False), (0, False), (0, False))) == "eager steps"
+    assert steps_kind(run((9, False), (0, True), (0, True))) == "compiled decode steps"
+    assert steps_kind(run((9, False), (0, False), (0, True))) == "eager, then compiled decode steps from step 3"
+    assert (
+        steps_kind(run((9, False), (0, True), (4, True), (0, True)))
+        == "compiled decode steps, 1 of 2 prompt steps compiled"
+    )
+    assert steps_kind(run((9, False), (4, True), (0, False))) == "eager decode steps, 1 of 2 prompt steps compiled"
