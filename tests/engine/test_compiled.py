@@ -77,14 +77,14 @@ def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_bre
 
 
 def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    tiny_model_dirs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # An empty compile cache: one left by an earlier run (torch's default is under /tmp) would make the graph at
     # once, and there would be no compiling to answer through.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    model = loaded(str(ROOT / "model" / "builtin"))
-    # Three slots: a shape no other test compiles, so the graph is made here, in the background (without timing its
-    # kernels: the autotuned graph is tested above, this is about the steps around the compile).
+    model = loaded(str(tiny_model_dirs["llama"]))
+    # Three slots: a shape no other test compiles on this model, so the graph is made here, in the background
+    # (without timing its kernels: the autotuned graph is tested above, this is about the steps around the compile).
     options = BatcherOptions(
         max_batch_size=3, max_batched_tokens=64, max_seq_len=512, compile_steps=True, compile_autotune=False
     )
@@ -154,7 +154,7 @@ use_compile_cache(__import__("pathlib").Path({cache!r}))
 from batching.engine.runner import ModelRunner
 from tests.engine.helpers import loaded
 model = loaded({folder!r}).model
-runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=True)
+runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
 print(json.dumps(runner.compiler.compile_now()))
 """
 
