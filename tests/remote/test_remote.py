@@ -142,8 +142,11 @@ def test_continuous_refills_a_lane_at_once_and_static_waits_for_the_whole_wave(r
     for mode, run in runs.items():
         by_number = {int(e.request_id.split("-")[1]): e for e in run.record.finished}
         first_wave_end = max(by_number[n].finished for n in range(1, LANES + 1))
+        first_lane_free = min(by_number[n].finished for n in range(1, LANES + 1))
         second_wave_start = min(by_number[n].admitted for n in range(LANES + 1, len(CAPS) + 1))  # type: ignore[type-var]
-        if mode == "continuous":
+        # A client that fell behind the server reads the whole first wave's ends at one moment (seen once in CI: the
+        # next wave sent 35 us after the last end): nothing then tells continuous from static. Any spread: refilled.
+        if mode == "continuous" and first_wave_end - first_lane_free > 0.002:
             assert second_wave_start < first_wave_end  # #1 (cap 8) ended long before #2 (cap 48): its lane refilled
         else:
             assert second_wave_start >= first_wave_end
