@@ -190,12 +190,7 @@ class PagedKVCache(Cache):
     def tables(self, rows: int, blocks: int) -> list[list[int]]:
         """The first `blocks` entries of rows `[0, rows)`' tables, the scratch block past a table's end (and for
         rows in a padded step that no request holds)."""
-        tables = []
-        for row in range(rows):
-            owner = self._owner_of[row] if row < self.active_rows else None
-            table = self.pool.tables.get(owner, [])[:blocks] if owner is not None else []
-            tables.append(table + [self.scratch_block] * (blocks - len(table)))
-        return tables
+        return self.tables_of([row if row < self.active_rows else None for row in range(rows)], blocks)
 
     def tables_of(self, rows: Sequence[int | None], blocks: int) -> list[list[int]]:
         """The first `blocks` entries of these rows' tables in this order; None: a padding row (the scratch block)."""
