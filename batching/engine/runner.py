@@ -436,6 +436,29 @@ class ModelRunner:
         return PackedPlan(rows, single_rows, single_tokens, single_mask, chunk_plans, columns if singles else 1)
 
 
+def _scratch_runner(
+    model_ref: weakref.ref[PreTrainedModel],
+    capacity: int,
+    max_len: int,
+    pad_token_id: int,
+    block_size: int,
+    rows: int,
+    columns: int,
+) -> ModelRunner:
+    """A runner of the batcher's shape on a pool of its own, `rows` rows holding `columns` columns of blocks and
+    its cache allocated (one eager step), so a graph is made while the real batchers go on stepping on theirs."""
+    model = model_ref()
+    if model is None:
+        raise RuntimeError("the model was unloaded before its graph was made")
+    pool = BlockPool(rows * -(-columns // block_size), block_size, prefix_caching=False)
+    scratch = ModelRunner(model, capacity, max_len, pad_token_id, pool)
+    for row in range(rows):
+        scratch.claim(f"warm{row}")
+        pool.grow(f"warm{row}", columns)
+    scratch.forward([[pad_token_id]] * rows)  # allocates the scratch cache, eager
+    return scratch
+
+
 @torch.inference_mode()
 def _warm_bucket(
     model_ref: weakref.ref[PreTrainedModel],
@@ -446,18 +469,9 @@ def _warm_bucket(
     forward: Callable[..., object],
     bucket: Bucket,
 ) -> None:
-    """Run one decode step of this shape through the compiled forward on a scratch runner with its own cache and
-    pool, so the graph is made while the real batchers go on stepping on theirs."""
-    model = model_ref()
-    if model is None:
-        raise RuntimeError("the model was unloaded before its decode graph was made")
+    """Run one decode step of this shape through the compiled forward on a scratch runner."""
     rows, columns = bucket
-    pool = BlockPool(rows * -(-columns // block_size), block_size, prefix_caching=False)
-    scratch = ModelRunner(model, capacity, max_len, pad_token_id, pool)
-    for row in range(rows):
-        scratch.claim(f"warm{row}")
-        pool.grow(f"warm{row}", columns)
-    scratch.forward([[pad_token_id]] * rows)  # allocates the scratch cache, eager
+    scratch = _scratch_runner(model_ref, capacity, max_len, pad_token_id, block_size, rows, columns)
     scratch.cache.lengths[:rows] = [columns - 1] * rows
     slots = [scratch.cache.slots(row, columns - 1, 1)[0] for row in range(rows)]
     scratch._decode_with([pad_token_id] * rows, [0] * rows, slots, forward, bucket, trace=True)
@@ -474,23 +488,14 @@ def _warm_mixed(
     bucket: Bucket,
 ) -> None:
     """Run one step with prompt chunks through the compiled forward on a scratch runner: single-token rows beside
-    a first chunk and a later one, every count distinct, so no two sizes are traced equal."""
-    model = model_ref()
-    if model is None:
-        raise RuntimeError("the model was unloaded before its prompt-step graph was made")
+    a later chunk and a first one, every count distinct, so no two sizes are traced equal."""
     _, columns = bucket
-    pool = BlockPool(capacity * -(-columns // block_size), block_size, prefix_caching=False)
-    scratch = ModelRunner(model, capacity, max_len, pad_token_id, pool)
-    singles = min(capacity - 2, 3)  # a chunk row or two beside them
-    for row in range(capacity):
-        scratch.claim(f"warm{row}")
-        pool.grow(f"warm{row}", columns)
-    scratch.forward([[pad_token_id]] * capacity)  # allocates the scratch cache, eager
+    scratch = _scratch_runner(model_ref, capacity, max_len, pad_token_id, block_size, capacity, columns)
     history = columns // 2
     scratch.cache.lengths[:capacity] = [history] * capacity
-    row_tokens: list[list[int]] = [[pad_token_id]] * max(singles, 0) + [[pad_token_id] * 7]
+    row_tokens: list[list[int]] = [[pad_token_id]] * max(min(capacity - 2, 3), 0) + [[pad_token_id] * 7]
     if capacity > 1:
         row_tokens.append([pad_token_id] * 5)
+        scratch.cache.lengths[len(row_tokens) - 1] = 0  # a first chunk
     row_tokens += [[] for _ in range(capacity - len(row_tokens))]
-    scratch.cache.lengths[len(row_tokens) - 1] = 0 if capacity > 1 else history  # a first chunk
-    scratch._grouped_with(forward, scratch._pack(row_tokens[:capacity]), trace=True)
+    scratch._grouped_with(forward, scratch._pack(row_tokens), trace=True)
