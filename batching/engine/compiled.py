@@ -36,8 +36,8 @@ Bucket = tuple[int, int]  # (rows, cached columns) of a padded decode step
 KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler would specialise on)
 StepKind = Literal["decode", "mixed"]  # every row one token; or prompt chunks (beside decode rows or not)
 # Steps with prompt chunks up to this many tokens go through their graph; bigger ones run eager. Measured on the
-# embedded model (1 thread): eager pays a fixed ~4 ms over the raw matmuls, which is most of a step of 7 decode
-# rows and a 40-token chunk, and little of a 200-token one, whose matmuls (and the eager kernels') dominate.
+# embedded model (1 thread, autotuned): compiled 7.8 ms against 14.6 eager at 50 tokens, but 34.8 against 30.6
+# for 7 decode rows + a 200-token chunk and 47.1 against 43.2 for one 300-token chunk.
 MIXED_MAX_TOKENS = 128
 
 # Measured on the embedded model, 8 rows over 100 cached tokens, 1 thread, against raw matmuls over the same
