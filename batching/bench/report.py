@@ -13,6 +13,7 @@ import torch
 import transformers
 
 from batching.bench.plan import ModeRun, Plan
+from batching.engine import huge_pages_state
 from batching.engine.events import StepEvent
 from model.loader import LoadedModel
 from utils.metrics import percentile, summarize
@@ -189,6 +190,7 @@ def machine_info(loaded: LoadedModel) -> dict:
         "python": platform.python_version(),
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
+        "huge_pages": huge_pages_state(),
     }
 
 
@@ -242,7 +244,7 @@ def _setup_lines(result: dict) -> list[str]:
         f"{result['max_batched_tokens']}, ignore EOS {result['ignore_eos']}, median of {result['repeat']}",
         f"machine: {machine['cpu_count']} x {machine['cpu_model']}, torch {machine['torch']} "
         f"({machine['torch_threads']} threads), transformers {machine['transformers']}, device {machine['device']}, "
-        f"dtype {machine['dtype']}",
+        f"dtype {machine['dtype']}, huge pages {machine.get('huge_pages', '-')}",
     ]
 
 

@@ -3,6 +3,10 @@ runner with packed attention, sampling, detokenising, and the batcher that steps
 Batchscope, and nothing of Streamlit, HTTP or the benchmark.
 """
 
+from batching.engine.huge_pages import huge_pages_state, request_huge_pages
+
+request_huge_pages()  # before the modules below import torch: its allocator reads the setting once
+
 from batching.engine.batcher import MODES, Batcher, BatcherOptions, eos_token_ids, request_builder
 from batching.engine.builder import RequestBuilder
 from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
@@ -27,6 +31,7 @@ __all__ = [
     "StepEvent",
     "TokenEvent",
     "eos_token_ids",
+    "huge_pages_state",
     "model_context_length",
     "request_builder",
 ]
