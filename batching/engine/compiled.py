@@ -6,9 +6,8 @@ one graph with no graph breaks covers every decode step of a batcher, whatever i
 is made in a background thread on a scratch runner with its own cache; until it is ready, steps run eager, and for
 good once it fails to be made, or to be re-made when a later step's guards fail (that step reruns eager). The
 thread sleeps while `pause_compiles(True)` holds (the engine holds it whenever a batcher has work), so no step
-shares the cores with a compile. Steps
-with prompt chunks always run eager: their shapes vary with every chunk (a big prompt step's matmuls ran at the
-machine's peak here, but a step admitting one prompt next to decode rows pays the eager forward's fixed cost).
+shares the cores with a compile. Steps with prompt chunks have a graph of their own (`StepKind` "mixed", see
+`runner`), used for the steps `fits_prompt_graph` admits.
 """
 
 from __future__ import annotations
@@ -35,10 +34,22 @@ logger = logging.getLogger(__name__)
 Bucket = tuple[int, int]  # (rows, cached columns) of a padded decode step
 KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler would specialise on)
 StepKind = Literal["decode", "mixed"]  # every row one token; or prompt chunks (beside decode rows or not)
-# Steps with prompt chunks up to this many tokens go through their graph; bigger ones run eager. Measured on the
-# embedded model (1 thread, autotuned): compiled 7.8 ms against 14.6 eager at 50 tokens, but 34.8 against 30.6
-# for 7 decode rows + a 200-token chunk and 47.1 against 43.2 for one 300-token chunk.
+# Which steps with prompt chunks go through their graph (`fits_prompt_graph`): up to MIXED_MAX_TOKENS tokens in
+# all, or any number (up to the step budget) of chunks none longer than MIXED_MAX_CHUNK. What loses is a long
+# chunk: its queries are padded into a group of at least two rows, and its attention runs on a full mask. Measured
+# (1 thread, one step alone, compiled against eager, 2026-11-26): on the embedded model (autotuned) one
+# 300-token chunk 42.1 against 32.2 ms, 7 decode rows + 200 tokens 31.0 against 24.3, but eight 39-token first
+# chunks (312 tokens) 25.8 against 27.9 and eight of 64 (512) 38.9 against 39.5; on the 0.5B-shaped model
+# (untimed kernels) eight 39-token chunks 1,483 against 1,620 ms, 7 + 40 325 against 407.
 MIXED_MAX_TOKENS = 128
+MIXED_MAX_CHUNK = 64
+
+
+def fits_prompt_graph(tokens: int, longest_chunk: int) -> bool:
+    """Whether a step with prompt chunks of `tokens` new tokens in all, its longest chunk `longest_chunk`, goes
+    through the prompt-step graph (else eager)."""
+    return tokens <= MIXED_MAX_TOKENS or longest_chunk <= MIXED_MAX_CHUNK
+
 
 # Measured on the embedded model, 8 rows over 100 cached tokens, 1 thread, against raw matmuls over the same
 # weights: 2.2x that floor with inductor's defaults; 1.83x with the weights frozen into the graph (packed once for

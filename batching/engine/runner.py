@@ -21,7 +21,7 @@ from batching.engine.attention import (
     use_packed_attention,
 )
 from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
-from batching.engine.compiled import MIXED_MAX_TOKENS, Bucket, StepCompiler, step_compiler
+from batching.engine.compiled import Bucket, StepCompiler, fits_prompt_graph, step_compiler
 from batching.engine.kv_cache import PagedKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_rows, describe_step, layer_windows
 from batching.engine.model_support import check_supported
@@ -86,7 +86,7 @@ class ModelRunner:
             self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
         self.compiled_steps = 0  # steps a compiled graph answered: what shows it served them
-        self.mixed_compiler: StepCompiler | None = None  # steps with prompt chunks (up to MIXED_MAX_TOKENS tokens)
+        self.mixed_compiler: StepCompiler | None = None  # steps with prompt chunks (`fits_prompt_graph`)
         if compile_steps:
             # A weak reference: the compiler is a value of a weak dictionary keyed by this model.
             shape = (weakref.ref(model), capacity, max_len, pad_token_id, pool.block_size)
@@ -138,7 +138,7 @@ class ModelRunner:
         if len(packed.singles) == rows and not packed.chunks:
             logits = self._decode(packed.input_ids, packed.positions, packed.write_slots)
         else:
-            step = self._mixed_step(len(packed.input_ids))
+            step = self._mixed_step(packed)
             logits = self._packed(packed) if step is None else self._compiled_mixed(step, packed)
         for row, tokens in enumerate(row_tokens):
             cache.lengths[row] += len(tokens)
@@ -200,12 +200,14 @@ class ModelRunner:
         )
         return output.logits[0].float()
 
-    def _mixed_step(self, tokens: int) -> Callable[..., object] | None:
-        """The compiled forward for a step with prompt chunks when its graph is ready and the step is small enough
-        for it (else None: eager); the graph is made meanwhile, once the decode graph is ready (decode steps are
-        most steps: their graph comes first)."""
+    def _mixed_step(self, packed: PackedStep) -> Callable[..., object] | None:
+        """The compiled forward for a step with prompt chunks when its graph is ready and the step is one it wins
+        on (`fits_prompt_graph`; else None: eager); the graph is made meanwhile, once the decode graph is ready
+        (decode steps are most steps: their graph comes first)."""
         compiler = self.mixed_compiler
-        if compiler is None or tokens > MIXED_MAX_TOKENS or self.compiler is None or not self.compiler.ready:
+        if compiler is None or self.compiler is None or not self.compiler.ready or not packed.chunks:
+            return None
+        if not fits_prompt_graph(len(packed.input_ids), max(end - start for _, start, end in packed.chunks)):
             return None
         if not self.cache.initialized_layers():  # the first step allocates the cache, eager (not in a graph)
             return None

@@ -22,8 +22,8 @@ from torch._dynamo.utils import counters
 from transformers import LlamaForCausalLM
 
 from batching.engine.batcher import Batcher, BatcherOptions
-from batching.engine.compiled import StepCompiler, compile_state, pause_compiles
-from batching.engine.events import Event, TokenEvent
+from batching.engine.compiled import StepCompiler, compile_state, fits_prompt_graph, pause_compiles
+from batching.engine.events import Event, StepEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.engine.runner import ModelRunner
@@ -74,6 +74,46 @@ def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_bre
     assert calls[0] > 40
     assert counters["stats"]["unique_graphs"] - graphs <= 1
     assert sum(counters["graph_break"].values()) == breaks
+
+
+def test_the_prompt_graph_takes_small_steps_and_many_short_chunks_but_not_a_long_chunk_in_a_big_step() -> None:
+    assert fits_prompt_graph(128, 128) and fits_prompt_graph(47, 40)  # small steps, whatever their chunks
+    assert fits_prompt_graph(312, 39) and fits_prompt_graph(512, 64)  # a first wave of short prompts
+    assert not fits_prompt_graph(129, 65) and not fits_prompt_graph(207, 200) and not fits_prompt_graph(300, 300)
+
+
+def test_a_wave_of_short_prompts_goes_through_the_prompt_graph_and_a_long_chunk_runs_eager(tiny_model_dirs) -> None:
+    # Qwen2: graphs made in this process stay in inductor's memory, and the test below times a compile of the llama.
+    model = loaded(str(tiny_model_dirs["qwen2"]))
+    options = BatcherOptions(
+        max_batch_size=4,
+        max_batched_tokens=256,
+        max_seq_len=256,
+        compile_steps=True,
+        compile_autotune=False,
+        compile_prompt_steps=True,
+    )
+    batcher = Batcher(model.model, model.tokenizer, options)
+    runner = batcher.runner
+    assert runner.compiler is not None and runner.mixed_compiler is not None
+    assert runner.compiler.compile_now() is not None and runner.mixed_compiler.compile_now() is not None
+    batcher.add([5, 6, 7], RequestParams(2, ignore_eos=True))  # the batcher's first step allocates its cache, eager
+    list(batcher.run())
+    rng_prompts = random_prompts(8, vocab=300, seed=21, longest=2)
+    waves = {
+        "four 40-token prompts (160 tokens)": [[*p, *range(10, 49)] for p in rng_prompts[:4]],
+        "a 100-token prompt beside three of 20": [[*rng_prompts[4], *range(10, 109)]]
+        + [[*p, *range(50, 69)] for p in rng_prompts[5:]],
+    }
+    for wave, compiled in zip(waves.values(), (True, False), strict=True):
+        requests = [batcher.add(prompt, RequestParams(6, ignore_eos=True)) for prompt in wave]
+        events = list(batcher.run())
+        admission = next(event for event in events if isinstance(event, StepEvent))
+        assert admission.prefill_tokens == sum(len(prompt) for prompt in wave)  # every prompt whole, in one step
+        assert admission.compiled is compiled
+        for request, prompt in zip(requests, wave, strict=True):
+            assert request.output_ids == reference(model.model, prompt, 6, ignore_eos=True)
+    assert not runner.mixed_compiler.failed
 
 
 def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it(
