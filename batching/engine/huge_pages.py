@@ -25,12 +25,19 @@ def request_huge_pages() -> None:
     os.environ.setdefault(ENV, "1")
 
 
+def kernel_choice() -> str | None:
+    """The kernel's transparent-huge-page setting ("always", "madvise", "never"), or None where it has none."""
+    try:
+        return KERNEL_SETTING.read_text().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return None
+
+
 def huge_pages_state() -> str:
     """What big tensors get, in words: "on", or "off" with why (the environment, or the kernel's setting)."""
     if os.environ.get(ENV) != "1":  # torch takes "1" alone as on
         return f"off ({ENV}={os.environ.get(ENV, '')})"
-    try:
-        chosen = KERNEL_SETTING.read_text().split("[", 1)[1].split("]", 1)[0]
-    except (OSError, IndexError):
+    chosen = kernel_choice()
+    if chosen is None:
         return "off (the kernel has no transparent huge pages)"
     return "on" if chosen in ("always", "madvise") else f"off (the kernel's transparent huge pages: {chosen})"

@@ -28,15 +28,10 @@ def _huge_kib(environment: dict[str, str]) -> int:
     return int(done.stdout.strip().splitlines()[-1])
 
 
-def _kernel_offers_huge_pages() -> bool:
-    try:
-        chosen = huge_pages.KERNEL_SETTING.read_text()
-    except OSError:
-        return False
-    return "[never]" not in chosen and Path("/proc/self/smaps_rollup").exists()
-
-
-@pytest.mark.skipif(not _kernel_offers_huge_pages(), reason="this kernel offers no transparent huge pages")
+@pytest.mark.skipif(
+    huge_pages.kernel_choice() not in ("always", "madvise") or not Path("/proc/self/smaps_rollup").exists(),
+    reason="this kernel offers no transparent huge pages",
+)
 def test_importing_the_engine_puts_big_tensors_on_huge_pages() -> None:
     environment = {key: value for key, value in os.environ.items() if key != ENV}
     assert _huge_kib(environment) >= 2048  # at least one 2 MiB page of the 64 MiB tensor
