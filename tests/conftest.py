@@ -39,6 +39,25 @@ def family_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
     return save_tiny_models(tmp_path_factory.mktemp("family-models"), configs)
 
 
+# The suite runs on two pytest-xdist workers (`-n 2 --dist loadgroup` in pyproject's addopts): these modules, which
+# compile a graph per model family (CPU-bound, about 6 minutes here, nothing timed), on one worker at the lowest CPU
+# priority; everything else, in order, on the other. The timed tests (browsers, servers, step medians) keep the
+# cores whenever they want them, and the compiles take what they leave idle.
+BACKGROUND_MODULES = ("tests/engine/test_families.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        background = item.nodeid.startswith(BACKGROUND_MODULES)
+        item.add_marker(pytest.mark.xdist_group("background" if background else "foreground"))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A worker running background modules lowers its priority once (its compiler subprocesses inherit it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and item.nodeid.startswith(BACKGROUND_MODULES) and os.nice(0) < 19:
+        os.nice(19 - os.nice(0))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
     """Under CI=true a skipped test is a failure: nothing may pass by being left out for a missing dependency."""

@@ -15,6 +15,12 @@ from tests.browser.helpers import BROWSER_MARKS, IDLE, add_prompt, new_page, use
 
 pytestmark = BROWSER_MARKS
 GRID = 6  # the token grid's place among the page's charts: after 3 charts x (continuous, static)
+STREAMING_IN_A_SLOT = """() => {
+    const main = document.querySelector("[data-testid='stMain']");
+    const texts = [...document.querySelectorAll("[data-testid='stText']")];
+    const shown = main === null ? "" : main.innerText;
+    return texts.some((text) => text.innerText.includes("▌")) && shown.includes("in slot") && shown.includes("running ·");
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +82,13 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
 
     clicked = time.perf_counter()
     page.get_by_test_id("stMain").get_by_role("button", name="Generate").click()
-    page.get_by_test_id("stText").filter(has_text="▌").first.wait_for(timeout=20_000)
+    # A streaming answer (its cursor), a running request's "in slot N" line and the run's "running ·" line on the page
+    # at one moment, checked in the page in one go: checked one after the other, the run could move on in between
+    # (it failed so twice under the whole suite's load).
+    page.wait_for_function(STREAMING_IN_A_SLOT, timeout=20_000)
     first_token_s = time.perf_counter() - clicked
     record_property("first_token_s", round(first_token_s, 3))
     print(f"\nfirst streamed token {first_token_s:.2f} s after clicking Generate")
-    page.get_by_text("running ·").wait_for(timeout=5_000)  # the run is still going while text is showing
-    # Not checked here any more: a running request's "in slot N" line. In the whole suite on 2026-11-26 it was never
-    # drawn during the run (twice; the file alone passes): see that day's closing note.
     assert first_token_s < 5.0  # generous: the machine is shared; the measured figure is reported above
 
     page.get_by_text("continuous finished").or_(page.get_by_text("static finished")).wait_for(timeout=120_000)

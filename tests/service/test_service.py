@@ -315,12 +315,12 @@ def shared_step_median(client: EngineClient) -> float:
 
 def thread_step_median(qwen) -> float:
     """The same workload on a batcher stepping in a thread of the client's process: the design before this one.
-    Shorter answers (10 tokens: the steps after the first two are decode steps of all eight rows): each of its steps
+    Shorter answers (6 tokens: the steps after the first two are decode steps of all eight rows): each of its steps
     waits its turn for the GIL behind three hammering threads (about 4 s a step here), so 80 tokens took two
     minutes."""
     batcher = Batcher(qwen.model, qwen.tokenizer, OPTIONS)
     for prompt, _ in STEADY:
-        batcher.add(prompt, RequestParams(10, ignore_eos=True))
+        batcher.add(prompt, RequestParams(6, ignore_eos=True))
     events: list = []
     thread = threading.Thread(target=lambda: events.extend(batcher.run()))
     thread.start()
