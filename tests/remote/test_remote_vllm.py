@@ -77,7 +77,9 @@ def test_the_server_view_is_vllms_own_running_waiting_and_kv_cache_figures(
         samples = [sample.telemetry for sample in run.telemetry()]
         assert samples and {telemetry.engine for telemetry in samples} == {"vLLM"}, mode
         assert max(t.running or 0 for t in samples) == vllm.slots  # its batch is full ...
-        assert max(t.waiting or 0 for t in samples) >= 1  # ... and the lanes beyond it wait on the server
+        if mode == "continuous":  # ... and the lanes beyond it wait on the server: read there 30-40 times. A static
+            # wave's two waiting requests wait about half a second, two or three readings: none, in some runs here.
+            assert max(t.waiting or 0 for t in samples) >= 1
         assert max(t.cache_usage or 0 for t in samples) > 0  # its KV blocks in use
         assert all(t.preemptions == 0 for t in samples)  # reported, and none with 1 GiB of KV for 4 sequences
         assert run.poller is not None and not run.poller.slots_available  # no llama.cpp /slots: not asked again
