@@ -19,7 +19,8 @@ STREAMING_IN_A_SLOT = """() => {
     const main = document.querySelector("[data-testid='stMain']");
     const texts = [...document.querySelectorAll("[data-testid='stText']")];
     const shown = main === null ? "" : main.innerText;
-    return texts.some((text) => text.innerText.includes("▌")) && shown.includes("in slot") && shown.includes("running ·");
+    const streaming = texts.some((text) => text.innerText.includes("▌"));
+    return streaming && shown.includes("in slot") && shown.includes("running ·");
 }"""
 
 
