@@ -22,6 +22,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from batching.engine.paged_decode import paged_decode
+
 ATTENTION_NAME = "batchscope_packed"
 PLAN_KWARG = "batchscope_plan"
 
@@ -83,6 +85,8 @@ class PackedPlan:
     single_mask: RowMask | None  # every row in use, one query each
     chunks: list[ChunkPlan]
     single_kv_len: int = 1  # the key columns the single-token rows' call reads: their gathered blocks' positions
+    # Set: every row decodes, and keys and values are the pools, read through these tables (`paged_decode`).
+    tables: torch.Tensor | None = None
 
 
 @dataclass
@@ -177,6 +181,13 @@ def packed_attention(
         return _grouped_attention(plan, query, key, value, scaling, window, softcap, sinks), None
     heads, total = query.shape[1], query.shape[2]  # sizes read from tensors, so a compiled step keeps them symbolic
     output = query.new_empty((1, total, heads, value.shape[3]))
+    if plan.tables is not None and plan.single_mask is not None:
+        if softcap is not None or sinks is not None:  # `paged_decode.supports` keeps such models on the gathered path
+            raise ValueError("paged decode attention has no soft-capping or sinks: this model must gather blocks")
+        scale = query.shape[3] ** -0.5 if scaling is None else scaling
+        own, first = plan.single_mask.query_columns.view(-1), plan.single_mask.first_columns.view(-1)
+        output[0] = paged_decode(query[0].transpose(0, 1), key, value, plan.tables, own, first, window, scale)
+        return output, None
     if plan.single_mask is not None:
         tokens = query[0].transpose(0, 1)  # [tokens, heads, dim], a view
         if plan.single_rows is None:  # every row decodes, in row order: one token per row

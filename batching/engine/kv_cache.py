@@ -33,6 +33,7 @@ class StepPlan:
     slots: torch.Tensor  # [tokens]: block * block_size + offset
     write_columns: torch.Tensor  # [tokens]: each token's column in its own row
     tables: torch.Tensor  # [rows, blocks]: each row's blocks in order, as many as the step's longest row needs
+    paged: bool = False  # attention reads the pools through the tables (`paged_decode`): no gathered copy
 
 
 def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
@@ -73,6 +74,8 @@ class PagedLayer(CacheLayerMixin):
         # Each row's blocks gathered in order: `[rows, kv_heads, blocks * size, dim]`, what a batch cache returns, so
         # models that transform what the cache gives back (MLA expands its latents) work unchanged. A view of a
         # heads-first copy: attention's batched matmuls take it heads-first without copying again.
+        if self.owner.plan.paged:  # a decode step read through the tables (`paged_decode`): the pools themselves
+            return self.keys, self.values
         tables = self.owner.plan.tables.to(self.keys.device)
         return gather_blocks(self.keys, tables).transpose(0, 1), gather_blocks(self.values, tables).transpose(0, 1)
 

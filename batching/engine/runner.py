@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from batching.engine import paged_decode
 from batching.engine.attention import (
     PLAN_KWARG,
     ChunkPlan,
@@ -98,6 +99,9 @@ class ModelRunner:
                     model, capacity, pool.block_size, compile_autotune, warm_mixed, kind="mixed"
                 )
         use_packed_attention(model)
+        # Decode steps read keys and values through the tables once the operator is loaded (the compile thread
+        # loads it before it traces the decode graph); until then, and for other models, they gather blocks.
+        self.reads_through_tables = paged_decode.supports(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None
         self.last_compiled = False  # whether the last step ran through the compiled graph
@@ -358,7 +362,8 @@ class ModelRunner:
         write_columns = torch.tensor(columns, device=device)
         write_slots = torch.tensor(slots + [cache.scratch_block * cache.pool.block_size] * pad, device=device)
         tables = torch.tensor(cache.tables(padded_rows, cache.pool.blocks_for(padded_len)), device=device)
-        cache.plan = StepPlan(slots=write_slots, write_columns=write_columns, tables=tables)
+        paged = self.reads_through_tables and paged_decode.ready()
+        cache.plan = StepPlan(slots=write_slots, write_columns=write_columns, tables=tables, paged=paged)
         first = torch.tensor(cache.padding[:rows] + [0] * pad, device=device)
         mask = RowMask(write_columns[:, None, None, None], first[:, None, None, None], self.model.dtype)
         input_ids = torch.tensor([tokens + [self.pad_token_id] * pad], device=device)
@@ -375,7 +380,9 @@ class ModelRunner:
                 by_row = [(input_ids, 1), (position_ids, 1), (write_slots, 0), (write_columns, 0), (tables, 0)]
                 for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.first_columns, 0)]:
                     torch._dynamo.mark_dynamic(tensor, dim)
-        plan = PackedPlan(padded_rows, None, None, mask, [], tables.shape[1] * cache.pool.block_size)
+        plan = PackedPlan(
+            padded_rows, None, None, mask, [], tables.shape[1] * cache.pool.block_size, tables if paged else None
+        )
         if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
             singles = [(row, row) for row in range(rows)]
             self.last_mask = describe_step(
@@ -474,6 +481,8 @@ def _warm_bucket(
     """Run one decode step of this shape through the compiled forward on a scratch runner."""
     rows, columns = bucket
     scratch = _scratch_runner(model_ref, capacity, max_len, pad_token_id, block_size, rows, columns)
+    if scratch.reads_through_tables:
+        paged_decode.load()  # before the graph is traced: the graph calls the operator from then on
     scratch.cache.lengths[:rows] = [columns - 1] * rows
     slots = [scratch.cache.slots(row, columns - 1, 1)[0] for row in range(rows)]
     scratch._decode_with([pad_token_id] * rows, [0] * rows, slots, forward, bucket, trace=True)
