@@ -17,7 +17,9 @@ the cache returns them, with no logit soft-capping or sinks (`supports`); everyt
 from __future__ import annotations
 
 import logging
+import os
 import platform
+import shutil
 import threading
 
 import torch
@@ -226,6 +228,7 @@ def load() -> bool:
         try:
             from torch.utils.cpp_extension import load_inline
 
+            _put_ninja_on_path()
             load_inline(
                 "batchscope_paged_decode",
                 cpp_sources=_SOURCE,
@@ -241,6 +244,17 @@ def load() -> bool:
         torch.library.register_fake("batchscope::paged_decode")(_fake)
         _state["loaded"] = True
         return True
+
+
+def _put_ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH: the pip package's (requirements.txt) when none is there, as when
+    the virtual environment's Python is run without activating it."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
 
 
 def ready() -> bool:
