@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from batching.engine import paged_decode
+import batching.engine.paged_decode as paged_decode
 from batching.engine.attention import (
     PLAN_KWARG,
     ChunkPlan,
