@@ -76,16 +76,19 @@ def test_the_server_view_is_vllms_own_running_waiting_and_kv_cache_figures(
     for mode, run in runs.items():
         samples = [sample.telemetry for sample in run.telemetry()]
         assert samples and {telemetry.engine for telemetry in samples} == {"vLLM"}, mode
-        assert max(t.running or 0 for t in samples) == vllm.slots  # its batch is full ...
-        if mode == "continuous":  # ... and the lanes beyond it wait on the server: read there 30-40 times. A static
-            # wave's two waiting requests wait about half a second, two or three readings: none, in some runs here.
-            assert max(t.waiting or 0 for t in samples) >= 1
-        assert max(t.cache_usage or 0 for t in samples) > 0  # its KV blocks in use
-        assert all(t.preemptions == 0 for t in samples)  # reported, and none with 1 GiB of KV for 4 sequences
+        assert all(t.preemptions == 0 for t in samples), mode  # reported, and none with 1 GiB of KV for 4 sequences
         assert run.poller is not None and not run.poller.slots_available  # no llama.cpp /slots: not asked again
         # what the page's server chart and its line above it are drawn from
         frame = telemetry_frame(run.telemetry(), run.record.start)
         peaks = frame.groupby("series")["requests"].max().to_dict()
-        assert peaks == {RUNNING: vllm.slots, WAITING: max(t.waiting or 0 for t in samples)}
+        running, waiting = max(t.running or 0 for t in samples), max(t.waiting or 0 for t in samples)
+        assert peaks == {RUNNING: running, WAITING: waiting}, mode
         line = reported_line(run.telemetry(), {"/metrics": True})
         assert line.startswith("Server telemetry (vLLM, ") and "not reported" not in line
+    # The figures themselves from the continuous run, read 30-45 times while the lanes keep vLLM's batch full. The
+    # static run lasts about a second here, 2-11 readings of a /metrics that takes 0.2 s while vLLM is busy: some
+    # runs caught no request waiting, one none running (CI, 2026-11-26).
+    samples = [sample.telemetry for sample in runs["continuous"].telemetry()]
+    assert max(t.running or 0 for t in samples) == vllm.slots  # its batch is full ...
+    assert max(t.waiting or 0 for t in samples) >= 1  # ... and the lanes beyond it wait on the server
+    assert max(t.cache_usage or 0 for t in samples) > 0  # its KV blocks in use
