@@ -71,11 +71,11 @@ class PagedLayer(CacheLayerMixin):
         # New states arrive packed, [1, kv_heads, tokens, dim]: token i goes to slot slots[i] of every head.
         self.keys.view(heads, blocks * size, -1)[:, slots] = key_states[0].to(self.keys.dtype)
         self.values.view(heads, blocks * size, -1)[:, slots] = value_states[0].to(self.values.dtype)
+        if self.owner.plan.paged:  # a decode step read through the tables (`paged_decode`): the pools themselves
+            return self.keys, self.values
         # Each row's blocks gathered in order: `[rows, kv_heads, blocks * size, dim]`, what a batch cache returns, so
         # models that transform what the cache gives back (MLA expands its latents) work unchanged. A view of a
         # heads-first copy: attention's batched matmuls take it heads-first without copying again.
-        if self.owner.plan.paged:  # a decode step read through the tables (`paged_decode`): the pools themselves
-            return self.keys, self.values
         tables = self.owner.plan.tables.to(self.keys.device)
         return gather_blocks(self.keys, tables).transpose(0, 1), gather_blocks(self.values, tables).transpose(0, 1)
 

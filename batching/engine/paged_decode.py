@@ -4,8 +4,8 @@ columns only, with no gathered copy.
 The gathered path (`kv_cache.gather_blocks`, then batched matmuls) copies every row's blocks up to the step's
 longest row into one tensor and attends over all of it, masked: a row of 40 tokens beside one of 400 reads 400
 columns, and every column is read three times (the copy's read and write, then the matmul). Measured on the
-embedded model's shape (8 rows, 2 key heads of 32, 1 thread, one layer): 15 against 59 us at 20 cached tokens,
-95 against 259 us when one row holds 300 tokens and the others 40-180.
+embedded model's shape (8 rows, 2 key heads of 32, 1 thread, one layer): 21 against 59 us at 20 cached tokens,
+82 against 259 us when one row holds 300 tokens and the others 40-180.
 
 A small C++ operator (`batchscope::paged_decode`), built once per machine with torch's extension builder into
 torch's extension cache, in the background thread that makes the compiled graphs (about 15 s here), never in a
