@@ -29,7 +29,16 @@ def _gathered(query, key_pool, value_pool, tables, own, first, window, scale) ->
 
 
 @pytest.mark.parametrize("window", [None, 24])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim", "value_dim"), [(8, 2, 32, 32), (4, 4, 16, 16), (6, 2, 24, 40)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "value_dim"),
+    [
+        (8, 2, 32, 32),  # the embedded model's: 16-wide vectors where the CPU has them, as below
+        (14, 2, 64, 64),  # Qwen2-0.5B's: 7 groups
+        (32, 2, 128, 128),  # 16 groups: more than one pass of 8 (scores) and of 2 (values)
+        (4, 4, 16, 16),  # sizes the vector path does not take
+        (6, 2, 24, 40),
+    ],
+)
 def test_it_equals_the_gathered_attention(window, heads, kv_heads, dim, value_dim) -> None:
     generator = torch.Generator().manual_seed(heads * dim + (window or 0))
     blocks = 60
