@@ -181,16 +181,18 @@ class ModelRunner:
         singles, chunks = packed.singles, packed.chunks
         reach = [cache.lengths[row] + 1 for row, _ in singles] + [cache.lengths[r] + e - s for r, s, e in chunks]
         blocks = cache.pool.blocks_for(max(reach))
-        cache.plan = StepPlan(
-            slots=torch.tensor(write_slots, device=device),
-            write_columns=torch.tensor(write_columns, device=device),
-            tables=torch.tensor(cache.tables(rows, blocks), device=device),
-        )
-        plan = self._plan(rows, len(input_ids), singles, chunks, blocks * cache.pool.block_size)
-        if self.describe_masks:
-            self.last_mask = describe_step(
-                plan, singles, cache.lengths, cache.padding, self.windows, self.recurrent_layers
+        plan: PackedPlan
+        if self._reading_through_tables():
+            cache.plan, plan = self._through_tables(packed, blocks)
+        else:
+            cache.plan = StepPlan(
+                slots=torch.tensor(write_slots, device=device),
+                write_columns=torch.tensor(write_columns, device=device),
+                tables=torch.tensor(cache.tables(rows, blocks), device=device),
             )
+            plan = self._plan(rows, len(input_ids), singles, chunks, blocks * cache.pool.block_size)
+        if self.describe_masks:
+            self.last_mask = self._describe(packed, blocks * cache.pool.block_size)
         if cache.recurrent_states is not None:
             cache.recurrent_states.plan = self._state_plan(singles, chunks)
         output = self.model(
@@ -203,6 +205,46 @@ class ModelRunner:
             **{PLAN_KWARG: plan},
         )
         return output.logits[0].float()
+
+    def _reading_through_tables(self) -> bool:
+        """Whether this step's attention reads the pools through the block tables (`paged_decode`)."""
+        return self.reads_through_tables and paged_decode.ready()
+
+    def _through_tables(self, packed: PackedStep, blocks: int) -> tuple[StepPlan, PackedPlan]:
+        """A step whose every new token, a prompt chunk's as a decode row's, attends through its own row's table
+        (`paged_decode`): each token is a query row of its own, with its row's table, its own column and its row's
+        first real column, so a chunk's tokens see their row up to themselves (causal) and no blocks are gathered.
+
+        Measured on the embedded model (1 thread, compiled): 7 decode rows beside a 40-token chunk, 5.5 against
+        8.8 ms with the gathered groups (their gather of every row's blocks was a fifth of the step)."""
+        cache, device = self.cache, self.device
+        token_rows = [0] * len(packed.input_ids)
+        for row, index in packed.singles:
+            token_rows[index] = row
+        for row, start, end in packed.chunks:
+            token_rows[start:end] = [row] * (end - start)
+        row_tables = torch.tensor(cache.tables(len(packed.last_token), blocks), device=device)
+        tables = row_tables[torch.tensor(token_rows, device=device)]
+        write_columns = torch.tensor(packed.write_columns, device=device)
+        first = torch.tensor([cache.padding[row] for row in token_rows], device=device)
+        step_plan = StepPlan(
+            slots=torch.tensor(packed.write_slots, device=device),
+            write_columns=write_columns,
+            tables=tables,
+            paged=True,
+        )
+        mask = RowMask(write_columns[:, None, None, None], first[:, None, None, None], self.model.dtype)
+        plan = PackedPlan(len(token_rows), None, None, mask, [], blocks * cache.pool.block_size, tables)
+        return step_plan, plan
+
+    def _describe(self, packed: PackedStep, columns: int) -> StepMask:
+        """The step's masks as its rows see them: the single-token rows over `columns`, each chunk over its row."""
+        cache = self.cache
+        chunks = [(row, start, end, cache.lengths[row] + end - start) for row, start, end in packed.chunks]
+        single_columns = columns if packed.singles else 1
+        return describe_rows(
+            single_columns, packed.singles, chunks, cache.lengths, cache.padding, self.windows, self.recurrent_layers
+        )
 
     def _mixed_step(self, packed: PackedStep) -> Callable[..., object] | None:
         """The compiled forward for a step with prompt chunks when its graph is ready and the step is one it wins
@@ -236,6 +278,8 @@ class ModelRunner:
         """A step with prompt chunks as two padded groups (see `GroupedPlan`): the single-token rows, then the
         chunks' rows, each at least two (padding rows read the scratch block, their queries write past the last
         token), so no size of the compiled graph is ever 0 or 1 (sizes the compiler would specialise on)."""
+        if self._reading_through_tables():
+            return self._compiled_through_tables(step, packed, trace)
         cache, device, dtype = self.cache, self.device, self.model.dtype
         singles, chunks, last_token = packed.singles, packed.chunks, packed.last_token
         total, rows = len(packed.input_ids), len(last_token)
@@ -312,6 +356,45 @@ class ModelRunner:
         forward: Callable[..., Any] = self.model if step is None else partial(step, self.model)
         output = forward(
             input_ids=model_input_ids,
+            position_ids=position_ids,
+            attention_mask=self._placeholder_mask,
+            **{self.cache_kwarg: cache},
+            use_cache=True,
+            logits_to_keep=keep,
+            **{PLAN_KWARG: plan},
+        )
+        return output.logits[0, :rows].float()
+
+    def _compiled_through_tables(
+        self, step: Callable[..., object] | None, packed: PackedStep, trace: bool = False
+    ) -> torch.Tensor:
+        """A step with prompt chunks whose tokens all read through the tables (`_through_tables`), for the compiled
+        graph: the columns rounded up to the graph's step, the kept logits' rows to at least two."""
+        cache, device = self.cache, self.device
+        reach = [cache.lengths[row] + 1 for row, _ in packed.singles]
+        reach += [cache.lengths[row] + end - start for row, start, end in packed.chunks]
+        columns = self.mixed_compiler.columns(max(reach)) if self.mixed_compiler is not None else max(reach)
+        cache.plan, plan = self._through_tables(packed, cache.pool.blocks_for(columns))
+        if self.describe_masks:
+            self.last_mask = self._describe(packed, plan.single_kv_len)
+        rows = len(packed.last_token)
+        # Rows past the real ones (a step of one row) keep the logits' row count off 1.
+        keep = torch.tensor(packed.last_token + [0] * (max(rows, 2) - rows), device=device)
+        input_ids = torch.tensor([packed.input_ids], device=device)
+        position_ids = torch.tensor([packed.positions], device=device)
+        if trace:
+            # Every size symbolic: tokens, the tables' blocks, the kept rows (see `compiled`).
+            assert plan.tables is not None and plan.single_mask is not None
+            dynamic = [(input_ids, 1), (position_ids, 1), (cache.plan.slots, 0), (cache.plan.write_columns, 0)]
+            dynamic += [(plan.tables, 0), (plan.tables, 1), (keep, 0)]
+            dynamic += [(plan.single_mask.query_columns, 0), (plan.single_mask.first_columns, 0)]
+            for layer in cache.initialized_layers():
+                dynamic += [(layer.keys, 1), (layer.values, 1)]
+            for tensor, dim in dynamic:
+                torch._dynamo.mark_dynamic(tensor, dim)
+        forward: Callable[..., Any] = self.model if step is None else partial(step, self.model)
+        output = forward(
+            input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=self._placeholder_mask,
             **{self.cache_kwarg: cache},
@@ -502,6 +585,8 @@ def _warm_mixed(
     a later chunk and a first one, every count distinct, so no two sizes are traced equal."""
     _, columns = bucket
     scratch = _scratch_runner(model_ref, capacity, max_len, pad_token_id, block_size, capacity, columns)
+    if scratch.reads_through_tables:
+        paged_decode.load()  # before the graph is traced, as for the decode graph
     history = columns // 2
     scratch.cache.lengths[:capacity] = [history] * capacity
     row_tokens: list[list[int]] = [[pad_token_id]] * max(min(capacity - 2, 3), 0) + [[pad_token_id] * 7]

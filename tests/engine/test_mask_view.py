@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AttentionInterface
 
+import batching.engine.paged_decode as paged_decode
 from batching.engine.attention import ATTENTION_NAME, PackedPlan, packed_attention
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import StepEvent
@@ -34,6 +35,8 @@ Seen = list[dict[int | None, list[torch.Tensor]]]
 
 @pytest.fixture(scope="module")
 def llama(tiny_model_dirs):
+    """Llama reads through the block tables (the operator loaded here, whatever ran before); Cohere2 gathers."""
+    assert paged_decode.load()
     return loaded(str(tiny_model_dirs["llama"]))
 
 
@@ -46,7 +49,9 @@ def windowed(tmp_path_factory):
 
 
 def _packed_rows(plan: PackedPlan, window: int | None) -> list[torch.Tensor]:
-    """Each packed row's allowed cells `[queries, kv_len]`, read from the additive masks the plan handed attention."""
+    """Each packed row's allowed cells `[queries, kv_len]`, read from the additive masks the plan handed attention.
+
+    A step read through the block tables has one query row per token (a chunk's tokens too): see `_by_request_row`."""
     rows: list[tuple[int, torch.Tensor]] = []
     if plan.single_mask is not None:
         additive = plan.single_mask.additive(window, plan.single_kv_len)  # memoised: the very tensor the layer used
@@ -82,6 +87,22 @@ def recording_attention() -> Iterator[Seen]:
         AttentionInterface.register(ATTENTION_NAME, packed_attention)
 
 
+def _by_request_row(rows: list[torch.Tensor], described: tuple[MaskRow, ...]) -> list[torch.Tensor]:
+    """Per-token query rows (a step read through the block tables: each token attends on its own, over every
+    column of the step's tables) joined into the described rows, each cut to its described columns: the columns
+    cut off are never allowed."""
+    if len(rows) == len(described):
+        return rows
+    assert sum(row.queries for row in described) == len(rows)
+    joined, token = [], 0
+    for row in described:
+        cells = torch.cat(rows[token : token + row.queries])
+        token += row.queries
+        assert not cells[:, row.kv_len :].any()
+        joined.append(cells[:, : row.kv_len])
+    return joined
+
+
 def _steps(
     loaded_model, mode: str, prompts: list[list[int]], caps: list[int], **options: int
 ) -> tuple[list[StepEvent], Seen]:
@@ -103,6 +124,7 @@ def _assert_described_masks_are_the_real_ones(steps: list[StepEvent], seen: Seen
         with_tokens = [row for row in step.rows if row.tokens + row.padding]
         assert [row.tokens + row.padding for row in with_tokens] == [row.queries for row in mask.rows]
         for window, rows in real.items():
+            rows = _by_request_row(rows, mask.rows)
             assert len(rows) == len(mask.rows)
             for described, allowed in zip(mask.rows, rows, strict=True):
                 assert torch.equal(row_cells(described, window) == ALLOWED, allowed), (step.index, window, described)
