@@ -392,7 +392,7 @@ class Batcher:
                 ready.append((row, request))
         if not ready:
             return
-        greedy = greedy_tokens(logits)
+        greedy = self.runner.last_greedy if self.runner.last_greedy is not None else greedy_tokens(logits)
         now = self.clock()
         for row, request in ready:
             try:  # one bad request ends alone; the others go on

@@ -29,6 +29,8 @@ import torch
 import torch.fx.experimental._config as fx_config
 from transformers import PreTrainedModel
 
+from batching.engine.sampling import greedy_choices
+
 logger = logging.getLogger(__name__)
 
 Bucket = tuple[int, int]  # (rows, cached columns) of a padded decode step
@@ -178,8 +180,11 @@ def compiled_forward(model: PreTrainedModel, autotune: bool, kind: StepKind = "d
         return forward
 
 
-def _run_model(model: PreTrainedModel, **inputs: Any) -> object:
-    return model(**inputs)
+def _run_model(model: PreTrainedModel, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's logits `[rows, vocab]`, and each row's greedy choice made in the graph (`greedy_choices`): outside
+    it, the reductions and argmax cost 0.1 ms a step on the embedded model, 5% of a seed-blog run."""
+    logits = model(**inputs).logits[0]
+    return logits, greedy_choices(logits)
 
 
 Warm = Callable[[Callable[..., object], Bucket], None]  # runs one step of a bucket through a compiled forward

@@ -245,6 +245,14 @@ class PagedKVCache(Cache):
     def is_recording_past(self, layer_idx: int) -> bool:
         return False
 
+    def allocate(self, kv_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype) -> None:
+        """Every layer's pools now, on the cache's device, rather than on the first forward pass."""
+        keys = torch.empty((1, kv_heads, 0, key_dim), dtype=dtype, device=self.device)
+        values = torch.empty((1, kv_heads, 0, value_dim), dtype=dtype, device=self.device)
+        for layer in self.paged_layers:
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+
     def initialized_layers(self) -> list[PagedLayer]:
         """The layers holding keys and values (a hybrid model's recurrent layers never allocate theirs)."""
         return [layer for layer in self.paged_layers if layer.is_initialized]

@@ -6,7 +6,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import PreTrainedModel
@@ -27,6 +27,7 @@ from batching.engine.kv_cache import PagedKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_rows, describe_step, layer_windows
 from batching.engine.model_support import check_supported
 from batching.engine.recurrent import StateGroup, StatePlan, cache_kwarg, recurrent_layout, split_mixers
+from batching.engine.sampling import greedy_list
 
 
 @dataclass
@@ -81,8 +82,18 @@ class ModelRunner:
         self.cache_kwarg = cache_kwarg(model)
         # Inference tensors whoever builds the runner: a compiled step's guards check it, and the scratch runner
         # that makes the graphs is built in inference mode.
+        # Decode steps read keys and values through the tables once the operator is loaded (the compile thread
+        # loads it before it traces the decode graph); until then, and for other models, they gather blocks.
+        self.reads_through_tables = paged_decode.supports(model)
         with torch.inference_mode():
             self.cache = PagedKVCache(num_layers, capacity, max_len, pool, self.device, layout)
+            if self.reads_through_tables:
+                # These families' keys and values have the config's shapes: the pools are allocated now, so the
+                # first step (every request's first chunk) may take a compiled graph, which cannot allocate them.
+                config = model.config.get_text_config()
+                head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+                kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+                self.cache.allocate(kv_heads, head_dim, head_dim, model.dtype)
             # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
             self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
@@ -99,12 +110,10 @@ class ModelRunner:
                     model, capacity, pool.block_size, compile_autotune, warm_mixed, kind="mixed"
                 )
         use_packed_attention(model)
-        # Decode steps read keys and values through the tables once the operator is loaded (the compile thread
-        # loads it before it traces the decode graph); until then, and for other models, they gather blocks.
-        self.reads_through_tables = paged_decode.supports(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None
         self.last_compiled = False  # whether the last step ran through the compiled graph
+        self.last_greedy: list[int | None] | None = None  # the last step's greedy choices, when its graph made them
         self.windows = layer_windows(model)
         self.recurrent_layers = len(layout.layers) if layout is not None else 0
 
@@ -139,6 +148,7 @@ class ModelRunner:
 
         packed = self._pack(row_tokens)
         self.last_compiled = False
+        self.last_greedy = None
         if len(packed.singles) == rows and not packed.chunks:
             logits = self._decode(packed.input_ids, packed.positions, packed.write_slots)
         else:
@@ -353,8 +363,9 @@ class ModelRunner:
                 dynamic += [(layer.keys, 1), (layer.values, 1)]
             for tensor, dim in dynamic:
                 torch._dynamo.mark_dynamic(tensor, dim)
-        forward: Callable[..., Any] = self.model if step is None else partial(step, self.model)
-        output = forward(
+        return self._call(
+            step,
+            rows,
             input_ids=model_input_ids,
             position_ids=position_ids,
             attention_mask=self._placeholder_mask,
@@ -363,7 +374,6 @@ class ModelRunner:
             logits_to_keep=keep,
             **{PLAN_KWARG: plan},
         )
-        return output.logits[0, :rows].float()
 
     def _compiled_through_tables(
         self, step: Callable[..., object] | None, packed: PackedStep, trace: bool = False
@@ -392,8 +402,9 @@ class ModelRunner:
                 dynamic += [(layer.keys, 1), (layer.values, 1)]
             for tensor, dim in dynamic:
                 torch._dynamo.mark_dynamic(tensor, dim)
-        forward: Callable[..., Any] = self.model if step is None else partial(step, self.model)
-        output = forward(
+        return self._call(
+            step,
+            rows,
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=self._placeholder_mask,
@@ -402,7 +413,16 @@ class ModelRunner:
             logits_to_keep=keep,
             **{PLAN_KWARG: plan},
         )
-        return output.logits[0, :rows].float()
+
+    def _call(self, step: Callable[..., object] | None, rows: int, **inputs: Any) -> torch.Tensor:
+        """The model's forward, eager (`step` None) or compiled; the first `rows` rows' logits, in float32. A compiled
+        step also answers each row's greedy choice (`sampling.greedy_choices`, in the graph): kept in `last_greedy`."""
+        if step is None:
+            output: Any = self.model(**inputs)
+            return output.logits[0, :rows].float()
+        logits, greedy = cast(tuple[torch.Tensor, torch.Tensor], step(self.model, **inputs))
+        self.last_greedy = greedy_list(greedy[:rows])
+        return logits[:rows].float()
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
         """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile)."""
@@ -473,8 +493,9 @@ class ModelRunner:
             )
         if cache.recurrent_states is not None:
             cache.recurrent_states.plan = StatePlan(None)  # rows are the batch, in order, padding rows included
-        forward: Callable[..., Any] = self.model if step is None else partial(step, self.model)
-        output = forward(
+        return self._call(
+            step,
+            rows,
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=self._placeholder_mask,
@@ -483,7 +504,6 @@ class ModelRunner:
             logits_to_keep=0,
             **{PLAN_KWARG: plan},
         )
-        return output.logits[0, :rows].float()
 
     def _state_plan(self, singles: list[tuple[int, int]], chunks: list[tuple[int, int, int]]) -> StatePlan:
         """How a hybrid model's mixers split this step: the decode rows as one batch of one-token sequences, and

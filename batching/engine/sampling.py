@@ -51,14 +51,23 @@ class RequestSampler:
         return int(torch.multinomial(probs, num_samples=1, generator=self.generator))
 
 
-def greedy_tokens(logits: torch.Tensor) -> list[int | None]:
-    """Argmax of every row at once, None for a row with a NaN or infinite logit (it would give a meaningless token).
+def greedy_choices(logits: torch.Tensor) -> torch.Tensor:
+    """Argmax of every row at once, -1 for a row with a NaN or infinite logit (it would give a meaningless token).
 
     A row's sum is NaN or infinite exactly when one of its logits is (finite logits do not overflow a float32 sum):
-    one reduction instead of a test of every logit, and one list for both answers.
+    one reduction instead of a test of every logit. Compiled steps run it inside their graph (`compiled`).
     """
-    finite = torch.isfinite(logits.sum(dim=-1))
-    return [None if token < 0 else token for token in torch.where(finite, logits.argmax(dim=-1), -1).tolist()]
+    return torch.where(torch.isfinite(logits.sum(dim=-1)), logits.argmax(dim=-1), -1)
+
+
+def greedy_list(choices: torch.Tensor) -> list[int | None]:
+    """`greedy_choices` as a list, None for a row without a meaningful token."""
+    return [None if token < 0 else token for token in choices.tolist()]
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int | None]:
+    """Each row's greedy token, None for a row with a NaN or infinite logit (`greedy_choices`)."""
+    return greedy_list(greedy_choices(logits))
 
 
 def sampler_for(request: Request, device: torch.device) -> RequestSampler | None:
