@@ -1,5 +1,6 @@
-"""Decode attention read through the block tables: each row's keys and values where they lie in the pool, its own
-columns only, with no gathered copy.
+"""Attention read through the block tables: each query's keys and values where they lie in the pool, its own row's
+columns only, with no gathered copy. A decode row is one query; a prompt chunk's tokens are a query each (the
+runner gives each its row's table and its own column: causal by construction).
 
 The gathered path (`kv_cache.gather_blocks`, then batched matmuls) copies every row's blocks up to the step's
 longest row into one tensor and attends over all of it, masked: a row of 40 tokens beside one of 400 reads 400
