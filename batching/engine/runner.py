@@ -291,8 +291,8 @@ class ModelRunner:
         if self._reading_through_tables():
             return self._compiled_through_tables(step, packed, trace)
         cache, device, dtype = self.cache, self.device, self.model.dtype
-        singles, chunks, last_token = packed.singles, packed.chunks, packed.last_token
-        total, rows = len(packed.input_ids), len(last_token)
+        singles, chunks = packed.singles, packed.chunks
+        total = len(packed.input_ids)
         single_rows = max(len(singles), 2)
         chunk_rows = max(len(chunks), 2)
         longest = max(end - start for _, start, end in chunks)
@@ -347,57 +347,48 @@ class ModelRunner:
             self.last_mask = describe_rows(
                 kv_len, singles, described, cache.lengths, cache.padding, self.windows, self.recurrent_layers
             )
-        # Rows past the real ones (a step of one row) keep the logits' row count off 1.
-        keep = torch.tensor(last_token + [0] * (max(rows, 2) - rows), device=device)
-        model_input_ids = torch.tensor([packed.input_ids], device=device)
-        position_ids = torch.tensor([packed.positions], device=device)
-        if trace:
-            # Every size symbolic: one graph for every step with prompt chunks (see `compiled`).
-            dynamic = [(model_input_ids, 1), (position_ids, 1), (cache.plan.slots, 0), (cache.plan.write_columns, 0)]
-            dynamic += [(tables, 0), (tables, 1), (keep, 0)]
-            for group in (single_group, chunk_group):
-                dynamic += [(group.sources, 0), (group.targets, 0), (group.mask.query_columns, 0)]
-                dynamic += [(group.mask.first_columns, 0)]
-            dynamic += [(chunk_group.sources, 1), (chunk_group.targets, 1), (chunk_group.mask.query_columns, 2)]
-            for layer in cache.initialized_layers():
-                dynamic += [(layer.keys, 1), (layer.values, 1)]
-            for tensor, dim in dynamic:
-                torch._dynamo.mark_dynamic(tensor, dim)
-        return self._call(
-            step,
-            rows,
-            input_ids=model_input_ids,
-            position_ids=position_ids,
-            attention_mask=self._placeholder_mask,
-            **{self.cache_kwarg: cache},
-            use_cache=True,
-            logits_to_keep=keep,
-            **{PLAN_KWARG: plan},
-        )
+        dynamic = [(tables, 0), (tables, 1)]
+        for group in (single_group, chunk_group):
+            dynamic += [(group.sources, 0), (group.targets, 0), (group.mask.query_columns, 0)]
+            dynamic += [(group.mask.first_columns, 0)]
+        dynamic += [(chunk_group.sources, 1), (chunk_group.targets, 1), (chunk_group.mask.query_columns, 2)]
+        return self._call_mixed(step, packed, plan, dynamic if trace else None)
 
     def _compiled_through_tables(
         self, step: Callable[..., object] | None, packed: PackedStep, trace: bool = False
     ) -> torch.Tensor:
         """A step with prompt chunks whose tokens all read through the tables (`_through_tables`), for the compiled
         graph: the columns rounded up to the graph's step, the kept logits' rows to at least two."""
-        cache, device = self.cache, self.device
+        cache = self.cache
         reach = [cache.lengths[row] + 1 for row, _ in packed.singles]
         reach += [cache.lengths[row] + end - start for row, start, end in packed.chunks]
         columns = self.mixed_compiler.columns(max(reach)) if self.mixed_compiler is not None else max(reach)
         cache.plan, plan = self._through_tables(packed, cache.pool.blocks_for(columns))
         if self.describe_masks:
             self.last_mask = self._describe(packed, plan.single_kv_len)
-        rows = len(packed.last_token)
+        assert plan.tables is not None and plan.single_mask is not None
+        dynamic = [(plan.tables, 0), (plan.tables, 1)]
+        dynamic += [(plan.single_mask.query_columns, 0), (plan.single_mask.first_columns, 0)]
+        return self._call_mixed(step, packed, plan, dynamic if trace else None)
+
+    def _call_mixed(
+        self,
+        step: Callable[..., object] | None,
+        packed: PackedStep,
+        plan: PackedPlan | GroupedPlan,
+        dynamic: list[tuple[torch.Tensor, int]] | None,
+    ) -> torch.Tensor:
+        """A step with prompt chunks through `step` (the prompt graph; None: eager), logits kept at each row's last
+        token. `dynamic`: the plan's sizes to keep symbolic when this call traces the graph (None: it does not)."""
+        cache, device, rows = self.cache, self.device, len(packed.last_token)
         # Rows past the real ones (a step of one row) keep the logits' row count off 1.
         keep = torch.tensor(packed.last_token + [0] * (max(rows, 2) - rows), device=device)
         input_ids = torch.tensor([packed.input_ids], device=device)
         position_ids = torch.tensor([packed.positions], device=device)
-        if trace:
-            # Every size symbolic: tokens, the tables' blocks, the kept rows (see `compiled`).
-            assert plan.tables is not None and plan.single_mask is not None
-            dynamic = [(input_ids, 1), (position_ids, 1), (cache.plan.slots, 0), (cache.plan.write_columns, 0)]
-            dynamic += [(plan.tables, 0), (plan.tables, 1), (keep, 0)]
-            dynamic += [(plan.single_mask.query_columns, 0), (plan.single_mask.first_columns, 0)]
+        if dynamic is not None:
+            # Every size symbolic: one graph for every step with prompt chunks (see `compiled`).
+            dynamic = [*dynamic, (input_ids, 1), (position_ids, 1), (keep, 0)]
+            dynamic += [(cache.plan.slots, 0), (cache.plan.write_columns, 0)]
             for layer in cache.initialized_layers():
                 dynamic += [(layer.keys, 1), (layer.values, 1)]
             for tensor, dim in dynamic:
