@@ -33,7 +33,9 @@ class StepPlan:
     slots: torch.Tensor  # [tokens]: block * block_size + offset
     write_columns: torch.Tensor  # [tokens]: each token's column in its own row
     tables: torch.Tensor  # [rows, blocks]: each row's blocks in order, as many as the step's longest row needs
-    paged: bool = False  # attention reads the pools through the tables (`paged_decode`): no gathered copy
+    # Attention reads the pools through the tables (`paged_decode`): no gathered copy. Its tables are then the
+    # attention plan's, one per query row (with prompt chunks, one per token).
+    paged: bool = False
 
 
 def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
@@ -71,7 +73,7 @@ class PagedLayer(CacheLayerMixin):
         # New states arrive packed, [1, kv_heads, tokens, dim]: token i goes to slot slots[i] of every head.
         self.keys.view(heads, blocks * size, -1)[:, slots] = key_states[0].to(self.keys.dtype)
         self.values.view(heads, blocks * size, -1)[:, slots] = value_states[0].to(self.values.dtype)
-        if self.owner.plan.paged:  # a decode step read through the tables (`paged_decode`): the pools themselves
+        if self.owner.plan.paged:  # a step read through the tables (`paged_decode`): the pools themselves
             return self.keys, self.values
         # Each row's blocks gathered in order: `[rows, kv_heads, blocks * size, dim]`, what a batch cache returns, so
         # models that transform what the cache gives back (MLA expands its latents) work unchanged. A view of a

@@ -378,7 +378,7 @@ _state: dict[str, bool] = {}  # "loaded": the operator is registered in this pro
 
 
 def supports(model: PreTrainedModel) -> bool:
-    """Whether this model's decode steps may read through the tables (once the operator is loaded)."""
+    """Whether this model's steps may read through the tables (once the operator is loaded)."""
     config = model.config.get_text_config()
     return (
         model.device.type == "cpu"
@@ -390,7 +390,7 @@ def supports(model: PreTrainedModel) -> bool:
 
 def load() -> bool:
     """Build (once per machine, cached by torch) and load the operator; False, with one warning, when it cannot be
-    (no C++ compiler or ninja): decode steps keep the gathered path."""
+    (no C++ compiler or ninja): steps keep the gathered path."""
     with _lock:
         if "loaded" in _state or "failed" in _state:
             return "loaded" in _state
@@ -406,7 +406,7 @@ def load() -> bool:
             )
         except Exception as exc:  # a machine without g++ or ninja runs the gathered path
             first_line = (str(exc).strip().splitlines() or [""])[0]
-            what = "paged decode attention unavailable, decode steps gather blocks"
+            what = "paged decode attention unavailable, steps gather blocks"
             logger.warning("%s: %s: %s", what, type(exc).__name__, first_line)
             _state["failed"] = True
             return False

@@ -80,11 +80,11 @@ class ModelRunner:
         if layout is not None:
             split_mixers(layout)
         self.cache_kwarg = cache_kwarg(model)
+        # Steps read keys and values through the tables once the operator is loaded (the compile thread loads it
+        # before it traces the decode graph); until then, and for other models, they gather blocks.
+        self.reads_through_tables = paged_decode.supports(model)
         # Inference tensors whoever builds the runner: a compiled step's guards check it, and the scratch runner
         # that makes the graphs is built in inference mode.
-        # Decode steps read keys and values through the tables once the operator is loaded (the compile thread
-        # loads it before it traces the decode graph); until then, and for other models, they gather blocks.
-        self.reads_through_tables = paged_decode.supports(model)
         with torch.inference_mode():
             self.cache = PagedKVCache(num_layers, capacity, max_len, pool, self.device, layout)
             if self.reads_through_tables:
@@ -287,7 +287,8 @@ class ModelRunner:
     ) -> torch.Tensor:
         """A step with prompt chunks as two padded groups (see `GroupedPlan`): the single-token rows, then the
         chunks' rows, each at least two (padding rows read the scratch block, their queries write past the last
-        token), so no size of the compiled graph is ever 0 or 1 (sizes the compiler would specialise on)."""
+        token), so no size of the compiled graph is ever 0 or 1 (sizes the compiler would specialise on). Models
+        that read through the tables take one query row per token instead (`_compiled_through_tables`)."""
         if self._reading_through_tables():
             return self._compiled_through_tables(step, packed, trace)
         cache, device, dtype = self.cache, self.device, self.model.dtype
