@@ -265,7 +265,7 @@ class ModelRunner:
             return None
         if not fits_prompt_graph(len(packed.input_ids), max(end - start for _, start, end in packed.chunks)):
             return None
-        if not self.cache.initialized_layers():  # the first step allocates the cache, eager (not in a graph)
+        if not self.cache.initialized_layers():  # a first step that allocates the cache: eager
             return None
         return compiler.step()
 

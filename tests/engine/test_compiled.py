@@ -97,7 +97,7 @@ def test_a_wave_of_short_prompts_goes_through_the_prompt_graph_and_a_long_chunk_
     runner = batcher.runner
     assert runner.compiler is not None and runner.mixed_compiler is not None
     assert runner.compiler.compile_now() is not None and runner.mixed_compiler.compile_now() is not None
-    batcher.add([5, 6, 7], RequestParams(2, ignore_eos=True))  # the batcher's first step allocates its cache, eager
+    batcher.add([5, 6, 7], RequestParams(2, ignore_eos=True))  # a first step: eager where it allocates the cache
     list(batcher.run())
     rng_prompts = random_prompts(8, vocab=300, seed=21, longest=2)
     waves = {
