@@ -85,7 +85,8 @@ class PackedPlan:
     single_mask: RowMask | None  # every row in use, one query each
     chunks: list[ChunkPlan]
     single_kv_len: int = 1  # the key columns the single-token rows' call reads: their gathered blocks' positions
-    # Set: every row decodes, and keys and values are the pools, read through these tables (`paged_decode`).
+    # Set: keys and values are the pools, read through these tables (`paged_decode`): one query row per new token
+    # (a decode row's one, or each of a prompt chunk's).
     tables: torch.Tensor | None = None
 
 

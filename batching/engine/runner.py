@@ -189,8 +189,7 @@ class ModelRunner:
         input_ids, positions, write_slots = packed.input_ids, packed.positions, packed.write_slots
         write_columns, last_token = packed.write_columns, packed.last_token
         singles, chunks = packed.singles, packed.chunks
-        reach = [cache.lengths[row] + 1 for row, _ in singles] + [cache.lengths[r] + e - s for r, s, e in chunks]
-        blocks = cache.pool.blocks_for(max(reach))
+        blocks = cache.pool.blocks_for(self._reach(packed))
         plan: PackedPlan
         if self._reading_through_tables():
             cache.plan, plan = self._through_tables(packed, blocks)
@@ -215,6 +214,17 @@ class ModelRunner:
             **{PLAN_KWARG: plan},
         )
         return output.logits[0].float()
+
+    def _reach(self, packed: PackedStep) -> int:
+        """The most columns any row holds once this step's tokens are written."""
+        lengths = self.cache.lengths
+        singles = [lengths[row] + 1 for row, _ in packed.singles]
+        return max(singles + [lengths[row] + end - start for row, start, end in packed.chunks])
+
+    def _mixed_columns(self, packed: PackedStep) -> int:
+        """`_reach` rounded up to the prompt graph's column step (the step's tables cover that many columns)."""
+        reach = self._reach(packed)
+        return self.mixed_compiler.columns(reach) if self.mixed_compiler is not None else reach
 
     def _reading_through_tables(self) -> bool:
         """Whether this step's attention reads the pools through the block tables (`paged_decode`)."""
@@ -297,8 +307,7 @@ class ModelRunner:
         single_rows = max(len(singles), 2)
         chunk_rows = max(len(chunks), 2)
         longest = max(end - start for _, start, end in chunks)
-        reach = [cache.lengths[row] + 1 for row, _ in singles] + [cache.lengths[r] + e - s for r, s, e in chunks]
-        columns = self.mixed_compiler.columns(max(reach)) if self.mixed_compiler is not None else max(reach)
+        columns = self._mixed_columns(packed)
         order: list[int | None] = [row for row, _ in singles] + [None] * (single_rows - len(singles))
         order += [row for row, _, _ in chunks] + [None] * (chunk_rows - len(chunks))
         tables = torch.tensor(cache.tables_of(order, cache.pool.blocks_for(columns)), device=device)
@@ -361,9 +370,7 @@ class ModelRunner:
         """A step with prompt chunks whose tokens all read through the tables (`_through_tables`), for the compiled
         graph: the columns rounded up to the graph's step, the kept logits' rows to at least two."""
         cache = self.cache
-        reach = [cache.lengths[row] + 1 for row, _ in packed.singles]
-        reach += [cache.lengths[row] + end - start for row, start, end in packed.chunks]
-        columns = self.mixed_compiler.columns(max(reach)) if self.mixed_compiler is not None else max(reach)
+        columns = self._mixed_columns(packed)
         cache.plan, plan = self._through_tables(packed, cache.pool.blocks_for(columns))
         if self.describe_masks:
             self.last_mask = self._describe(packed, plan.single_kv_len)
