@@ -7,7 +7,8 @@ is made in a background thread on a scratch runner with its own cache; until it 
 good once it fails to be made, or to be re-made when a later step's guards fail (that step reruns eager). The
 thread sleeps while `pause_compiles(True)` holds (the engine holds it whenever a batcher has work), so no step
 shares the cores with a compile. Steps with prompt chunks have a graph of their own (`StepKind` "mixed", see
-`runner`), used for the steps `fits_prompt_graph` admits.
+`runner`), used for the steps `fits_prompt_graph` admits. Once a graph's first calls agree with it, the runner
+calls it directly, without `torch.compile`'s entry (`direct_call`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 import torch.fx.experimental._config as fx_config
 from transformers import PreTrainedModel
 
+from batching.engine.direct_call import DirectPath
 from batching.engine.sampling import greedy_choices
 
 logger = logging.getLogger(__name__)
@@ -255,6 +257,7 @@ class StepCompiler:
         self.column_step = max(KV_STEP, block_size)
         self.compile_s: float | None = None  # how long making the graph took, once made
         self.failed = False
+        self.direct = DirectPath()  # the graph called without torch.compile's entry (see `direct_call`)
         self._warm = warm
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None

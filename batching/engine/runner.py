@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,11 +25,19 @@ from batching.engine.attention import (
 )
 from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
 from batching.engine.compiled import Bucket, StepCompiler, fits_prompt_graph, step_compiler
+from batching.engine.direct_call import DirectCall, DirectPath, watching_graph_calls
 from batching.engine.kv_cache import PagedKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_rows, describe_step, layer_windows
 from batching.engine.model_support import check_supported
 from batching.engine.recurrent import StateGroup, StatePlan, cache_kwarg, recurrent_layout, split_mixers
 from batching.engine.sampling import greedy_list
+
+logger = logging.getLogger(__name__)
+
+# A step kind's first calls through a direct graph call also run through `torch.compile`: outputs and cache writes
+# must agree (`ModelRunner._checked_direct`). Watched calls that give no recipe are tried this many times.
+DIRECT_CHECKS = 3
+DIRECT_TRIES = 8
 
 
 @dataclass
@@ -401,9 +411,12 @@ class ModelRunner:
                 dynamic += [(layer.keys, 1), (layer.values, 1)]
             for tensor, dim in dynamic:
                 torch._dynamo.mark_dynamic(tensor, dim)
+        roles = [input_ids, position_ids, keep, self._placeholder_mask, *_tensors_of(cache.plan), *_tensors_of(plan)]
         return self._call(
             step,
             rows,
+            self.mixed_compiler,
+            roles + self._pools(),
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=self._placeholder_mask,
@@ -413,15 +426,88 @@ class ModelRunner:
             **{PLAN_KWARG: plan},
         )
 
-    def _call(self, step: Callable[..., object] | None, rows: int, **inputs: Any) -> torch.Tensor:
+    def _call(
+        self,
+        step: Callable[..., object] | None,
+        rows: int,
+        compiler: StepCompiler | None = None,
+        roles: list[torch.Tensor] | None = None,
+        **inputs: Any,
+    ) -> torch.Tensor:
         """The model's forward, eager (`step` None) or compiled; the first `rows` rows' logits, in float32. A compiled
-        step also answers each row's greedy choice (`sampling.greedy_choices`, in the graph): kept in `last_greedy`."""
+        step also answers each row's greedy choice (`sampling.greedy_choices`, in the graph): kept in `last_greedy`.
+        `roles`: every tensor the step passes (its inputs, its plans' and the pools), for calling its graph directly
+        (`direct_call`)."""
         if step is None:
             output: Any = self.model(**inputs)
             return output.logits[0, :rows].float()
-        logits, greedy = cast(tuple[torch.Tensor, torch.Tensor], step(self.model, **inputs))
+        outputs = None
+        if compiler is not None and roles is not None:
+            outputs = self._direct(compiler.direct, step, roles, inputs)
+        if outputs is None:
+            outputs = cast(tuple[torch.Tensor, torch.Tensor], step(self.model, **inputs))
+        logits, greedy = outputs[0], outputs[1]
         self.last_greedy = greedy_list(greedy[:rows])
         return logits[:rows].float()
+
+    def _direct(
+        self, path: DirectPath, step: Callable[..., object], roles: list[torch.Tensor], inputs: dict[str, Any]
+    ) -> Sequence[torch.Tensor] | None:
+        """The step through its graph called directly (`direct_call`) once the call is made and checked; until then
+        through `torch.compile`, watched to make the call, then run both ways to check it. None: the normal call."""
+        if path.failed or self.cache.recurrent_states is not None:  # a hybrid's states are not checked: normal call
+            return None
+        call = path.call
+        if call is None:
+            with watching_graph_calls() as seen:
+                outputs = cast(Sequence[torch.Tensor], step(self.model, **inputs))
+            path.call = DirectCall.of(step, *seen[0], roles) if len(seen) == 1 else None
+            if path.call is None:
+                path.tries += 1
+                path.failed = path.tries >= DIRECT_TRIES
+            return outputs
+        if call.roles != len(roles) or not call.admits(self.model, inputs):
+            return None
+        if path.checked < DIRECT_CHECKS:
+            return self._checked_direct(path, call, step, roles, inputs)
+        return call(roles)
+
+    def _checked_direct(
+        self,
+        path: DirectPath,
+        call: DirectCall,
+        step: Callable[..., object],
+        roles: list[torch.Tensor],
+        inputs: dict[str, Any],
+    ) -> Sequence[torch.Tensor]:
+        """Run the step through `torch.compile`, then directly over the same inputs with the cache slots it wrote
+        overwritten with NaN: the direct call must give the same outputs (and no more: more would be what dynamo
+        does after the graph) and write the same slots. Else the direct call is dropped for good."""
+        normal = cast(Sequence[torch.Tensor], step(self.model, **inputs))
+        slots = self.cache.plan.slots
+        pools = [pool.view(pool.shape[0], -1, pool.shape[-1]) for pool in self._pools()]
+        written = [pool[:, slots].clone() for pool in pools]
+        for pool in pools:
+            pool[:, slots] = float("nan")
+        try:
+            direct = call(roles)
+            same = len(direct) == len(normal) == 2 and all(map(torch.equal, direct, normal))
+            same = same and all(torch.equal(pool[:, slots], kept) for pool, kept in zip(pools, written, strict=True))
+        except Exception as exc:  # any failure means: not this way
+            logger.debug("direct graph call failed", exc_info=exc)
+            same = False
+        if not same:
+            for pool, kept in zip(pools, written, strict=True):
+                pool[:, slots] = kept
+            path.failed = True
+            logger.warning("a compiled graph called directly disagreed with its normal call: normal calls from now on")
+        else:
+            path.checked += 1
+        return normal
+
+    def _pools(self) -> list[torch.Tensor]:
+        """Every layer's key and value pools, in layer order."""
+        return [tensor for layer in self.cache.initialized_layers() for tensor in (layer.keys, layer.values)]
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
         """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile)."""
@@ -492,9 +578,13 @@ class ModelRunner:
             )
         if cache.recurrent_states is not None:
             cache.recurrent_states.plan = StatePlan(None)  # rows are the batch, in order, padding rows included
+        roles = [input_ids, position_ids, write_slots, write_columns, tables, first, mask.query_columns]
+        roles += [mask.first_columns, self._placeholder_mask]
         return self._call(
             step,
             rows,
+            self.compiler,
+            roles + self._pools(),
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=self._placeholder_mask,
@@ -545,6 +635,21 @@ class ModelRunner:
             mask = RowMask(own, torch.tensor(cache.padding[row], device=device).view(1, 1, 1, 1), dtype)
             chunk_plans.append(ChunkPlan(row, start, end, kv_len, mask))
         return PackedPlan(rows, single_rows, single_tokens, single_mask, chunk_plans, columns if singles else 1)
+
+
+def _tensors_of(plan: object) -> list[torch.Tensor]:
+    """The tensors a step's plan holds (its dataclass fields, nested plans and lists of them)."""
+    found: list[torch.Tensor] = []
+    stack = [plan]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            stack += [getattr(item, spec.name) for spec in dataclasses.fields(item)]
+        elif isinstance(item, list | tuple):
+            stack += list(item)
+    return found
 
 
 def _scratch_runner(

@@ -722,7 +722,8 @@ def test_a_race_answers_every_prompt_on_both_lanes_and_states_the_speedup(raced_
     runs = race.runs()
     factor = runs["static"].wall_s / runs["continuous"].wall_s
     headline = next(s.value for s in raced_app.subheader if s.value.startswith("Same queue"))
-    assert f"{factor:.1f}" in headline or f"{factor:.2f}" in headline
+    # The sentence names the faster lane: on a loaded machine a race this small has gone to static (CI, 2026-11-26).
+    assert export.speedup_sentence(factor) in headline
     assert len(runs["continuous"].steps) < len(runs["static"].steps)
     assert not button(raced_app, "Generate").disabled and button(raced_app, "Stop").disabled
 

@@ -26,6 +26,10 @@ PROMPTS = [LONG] * 8 + QUESTIONS
 CAPS = [220] * 8 + [100] * len(QUESTIONS)
 RUN_TIMEOUT_S = 120
 POLL_TIMEOUT_S = 10.0
+# vLLM's API server answers /metrics on the event loop that streams the answers: with the machine loaded beyond the
+# suite (a benchmark beside CI, 2026-11-26) a whole continuous run gave three readings, all idle. Such a run is
+# run again, up to this many times in all, before its figures are checked.
+ATTEMPTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +44,22 @@ def runs(vllm: RunningVllm) -> dict[str, RemoteRun]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(poller, "POLL_TIMEOUT_S", POLL_TIMEOUT_S)
         for mode in ("continuous", "static"):
-            run = RemoteRun(RunSetup(endpoint, model, LANES, mode), telemetry_every_s=0.05)  # type: ignore[arg-type]
-            for question, cap in zip(PROMPTS, CAPS, strict=True):
-                run.submit(format_prompt(question, SYSTEM), RequestParams(cap))
-            run.close()
-            run.join(RUN_TIMEOUT_S)
-            assert run.done, f"the {mode} run on vLLM did not finish in {RUN_TIMEOUT_S} s"
+            for _ in range(ATTEMPTS):
+                run = _run(endpoint, model, mode)
+                if mode == "static" or any(sample.telemetry.running for sample in run.telemetry()):
+                    break
             finished[mode] = run
     return finished
+
+
+def _run(endpoint: Endpoint, model: str, mode: str) -> RemoteRun:
+    run = RemoteRun(RunSetup(endpoint, model, LANES, mode), telemetry_every_s=0.05)  # type: ignore[arg-type]
+    for question, cap in zip(PROMPTS, CAPS, strict=True):
+        run.submit(format_prompt(question, SYSTEM), RequestParams(cap))
+    run.close()
+    run.join(RUN_TIMEOUT_S)
+    assert run.done, f"the {mode} run on vLLM did not finish in {RUN_TIMEOUT_S} s"
+    return run
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,187 @@
+"""Calling a compiled step's graph without dynamo's frame, AOT's runtime wrappers and inductor's Python wrapper.
+
+Measured on the embedded model (1 thread, one row padded to two): a compiled call through `torch.compile`'s entry
+took 1.05 ms, the same graph called directly 0.86 ms. Dynamo's frame and AOT's wrappers cost 0.16 ms a call, and
+inductor's wrapper turned each of the 19 symbolic sizes into a new tensor (0.05 ms). Guards are not the cost:
+skipping their evaluation saved 0.01 ms.
+
+How a graph comes to be called directly:
+- **Capture.** One call through `torch.compile` is watched. Inductor's compiled graph (`CompiledFxGraph`) records
+  the flat inputs it gets: the step's tensors, and the symbolic sizes as ints.
+- **Recipe.** Each tensor input is matched, by identity, to one of the step's tensors that the runner lists
+  ("roles"). Each size is matched to a dimension of the first tensor input after it: dynamo passes a new symbol
+  just before the first tensor that has it. An input that cannot be matched, or matched two ways, gives no recipe.
+- **Check.** The first calls run both ways, and their outputs and cache writes must be equal. The runner does
+  this (`ModelRunner._direct`).
+
+Dynamo's guards still run (its own check of the graph's one cache entry, 15 us): a step they refuse (a history
+past a sliding window the graph branched on, a global flag switched) takes the normal call, which re-traces or
+fails as before. What is skipped is dynamo's frame, its bytecode around the graph (after the graph it only resets
+transformers' output-capture variable, which stays reset) and the wrappers; a graph with outputs beyond the step's
+two would be replaying Python side effects, and is never called directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_watch = threading.local()  # `sink`: the list a watched call appends its graph calls to (this thread only)
+_hook_lock = threading.Lock()
+
+
+def _graph_class() -> Any:
+    from torch._inductor.output_code import CompiledFxGraph  # inductor's: loaded only when first used
+
+    return CompiledFxGraph
+
+
+def _hook_graph_calls() -> None:
+    """Wrap `CompiledFxGraph.__call__` once, so a watched call can see the graph and its flat inputs."""
+    with _hook_lock:
+        graph_class = _graph_class()
+        original = graph_class.__call__
+        if getattr(original, "_batchscope_watch", False):
+            return
+
+        def watched(self: Any, inputs: Sequence[Any]) -> Any:
+            sink = getattr(_watch, "sink", None)
+            if sink is not None:
+                sink.append((self, list(inputs)))
+            return original(self, inputs)
+
+        watched._batchscope_watch = True  # type: ignore[attr-defined]
+        graph_class.__call__ = watched
+
+
+@contextlib.contextmanager
+def watching_graph_calls() -> Iterator[list[tuple[Any, list[Any]]]]:
+    """Within the block, this thread's compiled graph calls are recorded: (graph, its flat inputs)."""
+    _hook_graph_calls()
+    sink: list[tuple[Any, list[Any]]] = []
+    _watch.sink = sink
+    try:
+        yield sink
+    finally:
+        _watch.sink = None
+
+
+Source = tuple[int, int]  # (role, dim): the role's tensor itself when dim is -1, else its size along dim
+
+
+def recipe_for(inputs: Sequence[Any], roles: Sequence[torch.Tensor]) -> list[Source] | None:
+    """Where each of a graph's flat inputs comes from among `roles`; None when one cannot be told for sure."""
+    by_id = {id(tensor): index for index, tensor in enumerate(roles)}
+    recipe: list[Source] = []
+    pending: list[int] = []  # sizes waiting for the tensor that introduces them
+    for item in inputs:
+        if isinstance(item, torch.Tensor):
+            role = by_id.get(id(item))
+            if role is None:
+                return None
+            if pending:
+                dims = _dims_of(pending, tuple(roles[role].shape))
+                if dims is None:
+                    return None
+                recipe += [(role, dim) for dim in dims]
+                pending = []
+            recipe.append((role, -1))
+        elif isinstance(item, int) and not isinstance(item, bool):
+            pending.append(item)
+        else:
+            return None
+    return None if pending else recipe
+
+
+def _dims_of(sizes: list[int], shape: tuple[int, ...]) -> list[int] | None:
+    """The dimensions of `shape` that `sizes` are, in order (dynamo makes a tensor's symbols in dimension order); None
+    unless exactly one choice fits."""
+    choices: list[list[int]] = []
+
+    def extend(chosen: list[int], start: int) -> None:
+        if len(choices) > 1:
+            return
+        if len(chosen) == len(sizes):
+            choices.append(chosen)
+            return
+        for dim in range(start, len(shape)):
+            if shape[dim] == sizes[len(chosen)]:
+                extend([*chosen, dim], dim + 1)
+
+    extend([], 0)
+    return choices[0] if len(choices) == 1 else None
+
+
+def graph_guards(forward: Callable[..., object]) -> Any | None:
+    """Dynamo's guards of a compiled function's graph (`check(f_locals)`), when it has exactly one graph."""
+    function = getattr(forward, "_torchdynamo_orig_callable", None)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # no public accessor
+
+    entries = _debug_get_cache_entry_list(code)
+    return entries[0].guard_manager if len(entries) == 1 else None
+
+
+@dataclass
+class DirectCall:
+    """A compiled graph, its guards and the recipe of its inputs: call it with the step's roles, in the runner's
+    order."""
+
+    graph_call: Callable[[list[Any]], Sequence[torch.Tensor]]
+    guards: Any  # dynamo's guard manager of the graph: `check({"model": ..., "inputs": {...}})`
+    recipe: list[Source]
+    roles: int  # how many roles the recipe was made for
+    _sizes: threading.local = field(default_factory=threading.local)
+
+    @classmethod
+    def of(
+        cls, forward: Callable[..., object], graph: Any, inputs: Sequence[Any], roles: Sequence[torch.Tensor]
+    ) -> DirectCall | None:
+        """The direct call of `forward`'s graph, seen called with `inputs`; None when it cannot be made safely."""
+        recipe = recipe_for(inputs, roles)
+        call = getattr(graph, "current_callable", None)
+        guards = graph_guards(forward)
+        if recipe is None or call is None or guards is None:
+            return None
+        return cls(call, guards, recipe, len(roles))
+
+    def admits(self, model: object, inputs: dict[str, Any]) -> bool:
+        """Whether dynamo's guards accept this call (the frame's locals of `compiled._run_model`)."""
+        return bool(self.guards.check({"model": model, "inputs": inputs}))
+
+    def __call__(self, roles: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        sizes, size_tensors = self._size_buffers()
+        args: list[Any] = []
+        for index, (role, dim) in enumerate(self.recipe):
+            if dim < 0:
+                args.append(roles[role])
+            else:
+                # Inductor's C++ entry reads a size from a one-element tensor: written in place, not made anew.
+                sizes[index] = roles[role].shape[dim]
+                args.append(size_tensors[index])
+        return self.graph_call(args)
+
+    def _size_buffers(self) -> tuple[Any, list[torch.Tensor]]:
+        """This thread's sizes: one int64 tensor, its numpy view to write, and a 0-d view of each element."""
+        buffers = getattr(self._sizes, "buffers", None)
+        if buffers is None:
+            sizes = torch.zeros(len(self.recipe), dtype=torch.int64)
+            buffers = self._sizes.buffers = (sizes.numpy(), [sizes[i] for i in range(len(self.recipe))], sizes)
+        return buffers[0], buffers[1]
+
+
+@dataclass
+class DirectPath:
+    """A step kind's direct call: not yet made, being checked, in use, or given up (the normal call for good)."""
+
+    call: DirectCall | None = None
+    checked: int = 0  # calls that ran both ways and agreed
+    tries: int = 0  # watched calls that gave no recipe (a size matched two dimensions of its tensor, say)
+    failed: bool = False
