@@ -170,12 +170,12 @@ class DirectCall:
         return self.graph_call(args)
 
     def _size_buffers(self) -> tuple[Any, list[torch.Tensor]]:
-        """This thread's sizes: one int64 tensor, its numpy view to write, and a 0-d view of each element."""
+        """This thread's sizes: one int64 tensor's numpy view to write, and a 0-d view of each element to pass."""
         buffers = getattr(self._sizes, "buffers", None)
         if buffers is None:
             sizes = torch.zeros(len(self.recipe), dtype=torch.int64)
-            buffers = self._sizes.buffers = (sizes.numpy(), [sizes[i] for i in range(len(self.recipe))], sizes)
-        return buffers[0], buffers[1]
+            buffers = self._sizes.buffers = (sizes.numpy(), [sizes[i] for i in range(len(self.recipe))])
+        return buffers
 
 
 @dataclass

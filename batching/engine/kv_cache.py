@@ -259,9 +259,11 @@ class PagedKVCache(Cache):
         """The layers holding keys and values (a hybrid model's recurrent layers never allocate theirs)."""
         return [layer for layer in self.paged_layers if layer.is_initialized]
 
+    def pools(self) -> list[torch.Tensor]:
+        """Every allocated layer's key and value pools, in layer order."""
+        return [tensor for layer in self.initialized_layers() for tensor in (layer.keys, layer.values)]
+
     def storage_pointers(self) -> list[int]:
         """Addresses of every layer's tensors and states: they never change once allocated."""
         states = self.recurrent_states.tensors() if self.recurrent_states is not None else []
-        return [t.data_ptr() for layer in self.initialized_layers() for t in (layer.keys, layer.values)] + [
-            t.data_ptr() for t in states
-        ]
+        return [t.data_ptr() for t in self.pools()] + [t.data_ptr() for t in states]

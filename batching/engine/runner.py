@@ -407,8 +407,7 @@ class ModelRunner:
             # Every size symbolic: one graph for every step with prompt chunks (see `compiled`).
             dynamic = [*dynamic, (input_ids, 1), (position_ids, 1), (keep, 0)]
             dynamic += [(cache.plan.slots, 0), (cache.plan.write_columns, 0)]
-            for layer in cache.initialized_layers():
-                dynamic += [(layer.keys, 1), (layer.values, 1)]
+            dynamic += [(pool, 1) for pool in cache.pools()]
             for tensor, dim in dynamic:
                 torch._dynamo.mark_dynamic(tensor, dim)
         roles = [input_ids, position_ids, keep, self._placeholder_mask, *_tensors_of(cache.plan), *_tensors_of(plan)]
@@ -416,7 +415,7 @@ class ModelRunner:
             step,
             rows,
             self.mixed_compiler,
-            roles + self._pools(),
+            roles + self.cache.pools(),
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=self._placeholder_mask,
@@ -485,7 +484,7 @@ class ModelRunner:
         does after the graph) and write the same slots. Else the direct call is dropped for good."""
         normal = cast(Sequence[torch.Tensor], step(self.model, **inputs))
         slots = self.cache.plan.slots
-        pools = [pool.view(pool.shape[0], -1, pool.shape[-1]) for pool in self._pools()]
+        pools = [pool.view(pool.shape[0], -1, pool.shape[-1]) for pool in self.cache.pools()]
         written = [pool[:, slots].clone() for pool in pools]
         for pool in pools:
             pool[:, slots] = float("nan")
@@ -504,10 +503,6 @@ class ModelRunner:
         else:
             path.checked += 1
         return normal
-
-    def _pools(self) -> list[torch.Tensor]:
-        """Every layer's key and value pools, in layer order."""
-        return [tensor for layer in self.cache.initialized_layers() for tensor in (layer.keys, layer.values)]
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
         """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile)."""
@@ -561,9 +556,8 @@ class ModelRunner:
             # slots or fewer every compiled step has all of them (one row is padded to two). Only the step that makes
             # the graph marks them (50 us a step): the graph's own guards accept every size of a symbolic dimension.
             torch._dynamo.mark_dynamic(tables, 1)
-            for layer in cache.initialized_layers():  # any pool size: the scratch pool is smaller than a batcher's
-                torch._dynamo.mark_dynamic(layer.keys, 1)
-                torch._dynamo.mark_dynamic(layer.values, 1)
+            for pool in cache.pools():  # any pool size: the scratch pool is smaller than a batcher's
+                torch._dynamo.mark_dynamic(pool, 1)
             if cache.capacity > 2:
                 by_row = [(input_ids, 1), (position_ids, 1), (write_slots, 0), (write_columns, 0), (tables, 0)]
                 for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.first_columns, 0)]:
@@ -584,7 +578,7 @@ class ModelRunner:
             step,
             rows,
             self.compiler,
-            roles + self._pools(),
+            roles + self.cache.pools(),
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=self._placeholder_mask,

@@ -8,7 +8,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -52,10 +52,18 @@ LANES = 4
 RUN_TIMEOUT_S = 120
 
 
-def _run(endpoint: Endpoint, model: str, mode: str, caps: list[int], lanes: int = LANES, **kwargs: object) -> RemoteRun:
-    """Submit one prompt per cap (the embedded model's Q/A format), close the run and wait for it to end."""
+def run_queue(
+    endpoint: Endpoint,
+    model: str,
+    mode: str,
+    caps: list[int],
+    lanes: int = LANES,
+    questions: Sequence[str] = QUESTIONS,
+    **kwargs: object,
+) -> RemoteRun:
+    """Submit one question per cap (the embedded model's Q/A format), close the run and wait for it to end."""
     run = RemoteRun(RunSetup(endpoint, model, lanes, mode), **kwargs)  # type: ignore[arg-type]
-    for question, cap in zip(QUESTIONS, caps, strict=False):
+    for question, cap in zip(questions, caps, strict=False):
         run.submit(format_prompt(question, SYSTEM), RequestParams(cap))
     run.close()
     run.join(RUN_TIMEOUT_S)
@@ -84,7 +92,7 @@ def runs(ours: str) -> dict[str, RemoteRun]:
     """The queue run continuous, then static, against our server, its /metrics read every 50 ms."""
     endpoint = Endpoint(parse_url(ours + "/v1"))
     model = fetch_model(endpoint)
-    return {mode: _run(endpoint, model, mode, CAPS, telemetry_every_s=0.05) for mode in ("continuous", "static")}
+    return {mode: run_queue(endpoint, model, mode, CAPS, telemetry_every_s=0.05) for mode in ("continuous", "static")}
 
 
 def test_the_model_name_comes_from_v1_models(ours: str) -> None:
@@ -98,7 +106,7 @@ def test_the_warm_up_is_one_short_request_the_server_answers_before_the_run_and_
     after_warm_up = served(ours)
     assert after_warm_up == (before[0] + 1, before[1] + warm.tokens)  # answered in full before the run exists
     assert 1 <= warm.tokens <= WARM_UP_TOKENS and warm.seconds > 0
-    run = _run(setup.endpoint, setup.model, "continuous", CAPS[:5], telemetry_every_s=None)
+    run = run_queue(setup.endpoint, setup.model, "continuous", CAPS[:5], telemetry_every_s=None)
     after_run = served(ours)
     summary = summarize(run.record)
     assert summary.requests == after_run[0] - after_warm_up[0] == 5
@@ -188,7 +196,7 @@ def test_a_wrong_port_fails_each_request_with_one_message_and_nothing_hangs() ->
     with pytest.raises(RemoteError, match=r"cannot connect to http://127\.0\.0\.1"):
         fetch_model(endpoint)
     started = time.monotonic()
-    run = _run(endpoint, "builtin", "continuous", [4, 4, 4], lanes=2)
+    run = run_queue(endpoint, "builtin", "continuous", [4, 4, 4], lanes=2)
     assert time.monotonic() - started < 30
     errors = {event.error for event in run.record.finished}
     assert len(run.record.finished) == 3 and len(errors) == 1
@@ -201,10 +209,10 @@ def test_a_wrong_key_is_refused_with_its_message_and_the_right_key_works(tmp_pat
         wrong = Endpoint(url, api_key="guess")
         with pytest.raises(RemoteError, match=r"refused the API key \(HTTP 401\)"):
             fetch_model(wrong)
-        run = _run(wrong, "builtin", "static", [4, 4], telemetry_every_s=None)
+        run = run_queue(wrong, "builtin", "static", [4, 4], telemetry_every_s=None)
         assert [e.reason for e in run.record.finished] == [FinishReason.ERROR] * 2
         assert all("refused the API key (HTTP 401)" in (e.error or "") for e in run.record.finished)
-        right = _run(Endpoint(url, api_key="sesame"), "builtin", "static", [4], telemetry_every_s=None)
+        right = run_queue(Endpoint(url, api_key="sesame"), "builtin", "static", [4], telemetry_every_s=None)
         assert right.record.finished[0].error is None and right.record.finished[0].output_tokens == 4
 
 
@@ -271,7 +279,7 @@ def test_transformers_serve_runs_both_modes_with_every_answer_and_reports_no_tel
         with pytest.raises(RemoteError, match="lists no model"):  # a forced local model is not listed
             fetch_model(endpoint)
         for mode in ("continuous", "static"):
-            run = _run(endpoint, folder, mode, [6, 12, 4, 10, 8, 5], telemetry_every_s=0.05)
+            run = run_queue(endpoint, folder, mode, [6, 12, 4, 10, 8, 5], telemetry_every_s=0.05)
             finished = run.record.finished
             assert len(finished) == 6 and all(e.error is None and e.output_tokens >= 1 for e in finished)
             assert _in_flight_at_most(run.record) == LANES

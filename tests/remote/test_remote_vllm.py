@@ -8,12 +8,11 @@ import pytest
 
 import batching.remote.poller as poller
 from batching.engine.events import FinishedEvent
-from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
-from batching.remote import Endpoint, RemoteRun, RunSetup, fetch_model, parse_url
+from batching.remote import Endpoint, RemoteRun, fetch_model, parse_url
 from model.prompting import format_prompt
 from tests.bench.vllm_helpers import RunningVllm, our_answers
-from tests.remote.test_remote import QUESTIONS, SYSTEM
+from tests.remote.test_remote import QUESTIONS, SYSTEM, run_queue
 from utils.telemetry_charts import RUNNING, WAITING, reported_line, telemetry_frame
 
 LANES = 6  # more than vLLM's SLOTS (4): two requests wait on the server, and its own figures show it
@@ -24,7 +23,6 @@ LANES = 6  # more than vLLM's SLOTS (4): two requests wait on the server, and it
 LONG = "Explain the features of the latest smartphone model."
 PROMPTS = [LONG] * 8 + QUESTIONS
 CAPS = [220] * 8 + [100] * len(QUESTIONS)
-RUN_TIMEOUT_S = 120
 POLL_TIMEOUT_S = 10.0
 # vLLM's API server answers /metrics on the event loop that streams the answers: with the machine loaded beyond the
 # suite (a benchmark beside CI, 2026-11-26) a whole continuous run gave three readings, all idle. Such a run is
@@ -38,6 +36,7 @@ def runs(vllm: RunningVllm) -> dict[str, RemoteRun]:
     endpoint = Endpoint(parse_url(vllm.url + "/v1"))
     model = fetch_model(endpoint)
     finished = {}
+    assert len(PROMPTS) == len(CAPS)  # one cap per prompt: the queue is all of them
     # The page gives /metrics a second; with the suite's two workers beside vLLM's three processes on two cores,
     # its answers while busy took longer (a CI run of 2026-11-26 kept only idle readings: none running). Here the
     # poller waits for them: what is checked is whose figures the view shows, not how fast the server answers.
@@ -45,21 +44,11 @@ def runs(vllm: RunningVllm) -> dict[str, RemoteRun]:
         patch.setattr(poller, "POLL_TIMEOUT_S", POLL_TIMEOUT_S)
         for mode in ("continuous", "static"):
             for _ in range(ATTEMPTS):
-                run = _run(endpoint, model, mode)
+                run = run_queue(endpoint, model, mode, CAPS, LANES, PROMPTS, telemetry_every_s=0.05)
                 if mode == "static" or any(sample.telemetry.running for sample in run.telemetry()):
                     break
             finished[mode] = run
     return finished
-
-
-def _run(endpoint: Endpoint, model: str, mode: str) -> RemoteRun:
-    run = RemoteRun(RunSetup(endpoint, model, LANES, mode), telemetry_every_s=0.05)  # type: ignore[arg-type]
-    for question, cap in zip(PROMPTS, CAPS, strict=True):
-        run.submit(format_prompt(question, SYSTEM), RequestParams(cap))
-    run.close()
-    run.join(RUN_TIMEOUT_S)
-    assert run.done, f"the {mode} run on vLLM did not finish in {RUN_TIMEOUT_S} s"
-    return run
 
 
 @pytest.fixture(scope="module")
