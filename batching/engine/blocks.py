@@ -157,6 +157,27 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
+    def block_hashes(self, token_ids: Sequence[int]) -> list[BlockHash]:
+        """The hashes the full blocks of `token_ids` get once computed (the blocks `cached_prefix` looks up)."""
+        if not self.prefix_caching:
+            return []
+        size, hashes, parent = self.block_size, [], None
+        for index in range((len(token_ids) - 1) // size):
+            parent = block_hash(parent, token_ids[index * size : (index + 1) * size])
+            hashes.append(parent)
+        return hashes
+
+    def first_uncached(self, token_ids: Sequence[int]) -> BlockHash | None:
+        """The hash of the first full block of `token_ids` that is not cached (None: every one is, or none is full)."""
+        if not self.prefix_caching:
+            return None
+        size, parent = self.block_size, None
+        for index in range((len(token_ids) - 1) // size):
+            parent = block_hash(parent, token_ids[index * size : (index + 1) * size])
+            if parent not in self._block_of:
+                return parent
+        return None
+
     def adopt_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
         """Start the request's table with the cached blocks of its prefix (shared, not copied); returns the tokens
         they hold. Counts the query and the hit."""

@@ -12,7 +12,9 @@ families differ here and nowhere else.
 Both take KV memory from a block pool of the same size. Continuous batching takes blocks as tokens arrive: a
 waiting request joins only when its first chunk's blocks are free (after a prefix hit), and when a running request
 needs a block and none is left, the newest running request is preempted (vLLM V1's choice: its blocks are freed and
-it goes back to the front of the queue, its tokens so far to be computed again). Static batching reserves what
+it goes back to the front of the queue, its tokens so far to be computed again). A waiting request whose next
+uncached prompt block another request is computing now waits a step and finds it cached (SGLang's in-batch prefix
+caching), rather than computing the same prefix beside it. Static batching reserves what
 `generate` does: every member of a wave holds room for the wave's longest prompt plus its largest cap from the
 start, so a tight pool makes waves smaller than the slot count.
 """
@@ -24,9 +26,13 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from batching.engine.blocks import BlockPool
+from batching.engine.blocks import BlockHash, BlockPool
 from batching.engine.events import RowKind, StepRow
 from batching.engine.request import Request, RequestState
+
+# Waiting requests passed over in one admission because a prompt block of theirs is being computed: bounds the
+# scan of a long queue while a long shared prompt is prefilled in chunks (the rest wait their turn in order).
+MAX_DEFERRED = 16
 
 POLICIES: dict[str, Callable[[Request], int]] = {
     "fcfs": lambda request: 0,
@@ -135,6 +141,7 @@ class ContinuousScheduler:
         self.waiting = WaitingQueue(policy)
         self._joined = itertools.count()
         self._order: dict[str, int] = {}  # running requests' admission order: the newest is preempted first
+        self._prompt_blocks: dict[str, list[BlockHash]] = {}  # running requests' full prompt blocks, by hash
         self._preempted_now = False
 
     def make_room(self, rows: Sequence[Request]) -> list[Request]:
@@ -154,16 +161,30 @@ class ContinuousScheduler:
 
     def admit(self, free_slots: Sequence[int], running: Sequence[Request]) -> list[tuple[Request, int]]:
         """Fill free slots from the waiting queue while each one's first chunk fits in free blocks (after its
-        cached prefix); none after a preemption this step, as vLLM does."""
+        cached prefix); none after a preemption this step, as vLLM does. A request whose next uncached prompt block
+        a prefilling request computes (one admitted now, or earlier and still prefilling) keeps its place at the head
+        of the queue and lets the next ones in: it joins once that block is cached.
+
+        Measured on a Qwen2-0.5B-shaped model (1 thread, seed-lab's 32 equal 39-token prompts, runs alternating in
+        one process): the first step computed eight prompts (312 tokens), now one, the other seven joining a step
+        later with 32 of their tokens cached; 34.1 to 38.4 tok/s, TTFT p50 5.6 to 3.6 s."""
         if self._preempted_now:
             return []
         budget = self.max_batched_tokens - sum(self._wants(request) for request in running)
-        admitted = []
-        for slot in free_slots:
+        computing = self._blocks_being_computed(running)
+        admitted: list[tuple[Request, int]] = []
+        deferred: list[Request] = []
+        slots = list(free_slots)
+        while slots:
             request = self.waiting.pop()
             if request is None:
                 break
             ids = request.prefill_ids
+            if computing and self.pool.first_uncached(ids) in computing:
+                deferred.append(request)
+                if len(deferred) == MAX_DEFERRED:
+                    break
+                continue
             cached = self.pool.adopt_prefix(request.request_id, ids)
             first_chunk = min(len(ids) - cached, max(budget, 1))
             if not self.pool.grow(request.request_id, cached + first_chunk):
@@ -173,8 +194,21 @@ class ContinuousScheduler:
             request.prefilled = cached
             budget -= first_chunk
             self._order[request.request_id] = next(self._joined)
-            admitted.append((request, slot))
+            self._prompt_blocks[request.request_id] = hashes = self.pool.block_hashes(ids)
+            computing.update(hashes)
+            admitted.append((request, slots.pop(0)))
+        for request in reversed(deferred):  # back at the head, in their order
+            self.waiting.push_front(request)
         return admitted
+
+    def _blocks_being_computed(self, running: Sequence[Request]) -> set[BlockHash]:
+        """The prompt blocks of the requests still prefilling (the cached ones among them match nothing: a
+        request's first uncached block is looked up)."""
+        computing: set[BlockHash] = set()
+        for request in running:
+            if request.state is RequestState.PREFILLING:
+                computing.update(self._prompt_blocks.get(request.request_id, ()))
+        return computing
 
     def schedule(self, rows: Sequence[Request]) -> ScheduledBatch:
         """Decode rows one token each; what the budget has left goes to prompt chunks, earliest admitted first, as
@@ -209,6 +243,7 @@ class ContinuousScheduler:
     def forget(self, request: Request) -> None:
         """The request left (finished or preempted)."""
         self._order.pop(request.request_id, None)
+        self._prompt_blocks.pop(request.request_id, None)
 
     def _preempt(self, request: Request) -> Request:
         self.pool.free(request.request_id)

@@ -87,6 +87,44 @@ def test_a_cached_prefix_is_not_computed_again_and_the_answer_is_unchanged(tiny_
     assert batcher.pool.usage().cached > 0  # kept for later hits
 
 
+def test_requests_sharing_a_prefix_being_computed_wait_a_step_and_find_it_cached(tiny_model_dirs) -> None:
+    model = loaded(str(tiny_model_dirs["qwen2"]))
+    system = random_prompts(1, vocab=300, seed=12, longest=2)[0] + list(range(40, 75))  # a shared 35+ token prefix
+    shared = [system + tail for tail in ([9, 10, 11], [12, 13], [14, 15, 16, 17])]
+    other = random_prompts(1, vocab=300, seed=13, longest=30)[0] + [8] * 20  # nothing in common with them
+    prompts = [shared[0], other, *shared[1:]]
+    caps = [12, 10, 20, 8]
+    options = BatcherOptions(max_batch_size=4, max_batched_tokens=256, block_size=8)
+    batcher = Batcher(model.model, model.tokenizer, options)
+    requests = [batcher.add(p, RequestParams(c, ignore_eos=True)) for p, c in zip(prompts, caps, strict=True)]
+    events = list(batcher.run())
+    steps = steps_of(events)
+    # The first step computes the shared prefix once: the first sharer and the unrelated request (which the waiting
+    # sharers let through); the other sharers join the next step, their shared blocks cached by then.
+    assert steps[0].prefill_tokens == len(shared[0]) + len(other)
+    assert {rid for rid in steps[0].slots if rid} == {requests[0].request_id, requests[1].request_id}
+    assert {rid for rid in steps[1].slots if rid} == {request.request_id for request in requests}
+    hit = len(system) // 8 * 8
+    finished = finished_by_id(events)
+    assert [finished[r.request_id].cached_tokens for r in requests] == [0, 0, hit, hit]
+    assert sum(step.prefill_tokens for step in steps) == sum(len(p) for p in prompts) - 2 * hit
+    for request, prompt, cap in zip(requests, prompts, caps, strict=True):
+        assert list(finished[request.request_id].output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
+    assert_every_block_came_back(batcher)
+
+
+def test_without_prefix_caching_requests_sharing_a_prefix_join_together(tiny_model_dirs) -> None:
+    model = loaded(str(tiny_model_dirs["qwen2"]))
+    system = list(range(40, 80))
+    prompts = [[*system, 9], [*system, 10, 11]]
+    options = BatcherOptions(max_batch_size=4, block_size=8, prefix_caching=False)
+    batcher = Batcher(model.model, model.tokenizer, options)
+    for prompt in prompts:
+        batcher.add(prompt, RequestParams(5, ignore_eos=True))
+    steps = steps_of(list(batcher.run()))
+    assert steps[0].prefill_tokens == sum(len(p) for p in prompts)  # nothing to wait for: both computed at once
+
+
 def test_static_waves_reserve_longest_prompt_plus_largest_cap_and_shrink_on_a_tight_pool(tiny_model_dirs) -> None:
     model = loaded(str(tiny_model_dirs["llama"]))
     prompts = random_prompts(6, vocab=300, seed=5, longest=20)
