@@ -114,16 +114,17 @@ def test_a_tight_pool_preempts_continuous_and_shrinks_static_waves_with_the_same
 ) -> None:
     out = tmp_path / "tight.json"
     argv = ["--workload", str(_json_workload(tmp_path)), "--modes", "static,continuous", "--model"]
-    argv += [str(tiny_model_dirs["llama"]), "--ignore-eos", "--kv-cache-tokens", "128", "--block-size", "4"]
-    # Prompts of 80-87 tokens in chunks of 16: all three slots start, then run out of blocks as they decode.
+    argv += [str(tiny_model_dirs["llama"]), "--ignore-eos", "--kv-cache-tokens", "96", "--block-size", "4"]
+    # Prompts of 80-87 tokens in chunks of 16, sharing the template's system prompt (the first computes it, the
+    # others join on its cached blocks), in 96 positions (one request fits, three at once do not): they run out.
     assert _run([*argv, "--max-batched-tokens", "16", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["kv"] == {"block_size": 4, "kv_cache_tokens": 128, "kv_cache_mb": None, "prefix_caching": True}
+    assert result["kv"] == {"block_size": 4, "kv_cache_tokens": 96, "kv_cache_mb": None, "prefix_caching": True}
     modes = result["modes"]
     assert modes["continuous"]["outputs_match_static"] is True
     for figures in modes.values():
-        assert figures["memory"]["pool_blocks"] == 128 // 4
-        assert figures["memory"]["peak_blocks"] <= 128 // 4
+        assert figures["memory"]["pool_blocks"] == 96 // 4
+        assert figures["memory"]["peak_blocks"] <= 96 // 4
     assert modes["continuous"]["memory"]["preemptions"] > 0
     assert 0 < modes["continuous"]["memory"]["prefix_hits"] < modes["continuous"]["memory"]["prefix_queries"]
     assert modes["static"]["memory"]["peak_running"] < 3  # a wave of three would not fit
