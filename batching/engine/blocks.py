@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 BlockHash = bytes
@@ -146,37 +146,31 @@ class BlockPool:
     def cached_prefix(self, token_ids: Sequence[int]) -> list[int]:
         """The blocks holding the longest cached prefix of `token_ids`, whole blocks only, leaving at least the
         last token to compute (its logits pick the next token)."""
-        if not self.prefix_caching:
-            return []
-        size, blocks, parent = self.block_size, [], None
-        for index in range((len(token_ids) - 1) // size):
-            parent = block_hash(parent, token_ids[index * size : (index + 1) * size])
-            block = self._block_of.get(parent)
+        blocks = []
+        for digest in self._prefix_chain(token_ids):
+            block = self._block_of.get(digest)
             if block is None:
                 break
             blocks.append(block)
         return blocks
 
-    def block_hashes(self, token_ids: Sequence[int]) -> list[BlockHash]:
-        """The hashes the full blocks of `token_ids` get once computed (the blocks `cached_prefix` looks up)."""
+    def _prefix_chain(self, token_ids: Sequence[int]) -> Iterator[BlockHash]:
+        """The hashes of `token_ids`' full blocks in order, made as they are read (lookups stop at the first miss),
+        leaving the last token out (its logits pick the next token); none without prefix caching."""
         if not self.prefix_caching:
-            return []
-        size, hashes, parent = self.block_size, [], None
-        for index in range((len(token_ids) - 1) // size):
-            parent = block_hash(parent, token_ids[index * size : (index + 1) * size])
-            hashes.append(parent)
-        return hashes
-
-    def first_uncached(self, token_ids: Sequence[int]) -> BlockHash | None:
-        """The hash of the first full block of `token_ids` that is not cached (None: every one is, or none is full)."""
-        if not self.prefix_caching:
-            return None
+            return
         size, parent = self.block_size, None
         for index in range((len(token_ids) - 1) // size):
             parent = block_hash(parent, token_ids[index * size : (index + 1) * size])
-            if parent not in self._block_of:
-                return parent
-        return None
+            yield parent
+
+    def block_hashes(self, token_ids: Sequence[int]) -> list[BlockHash]:
+        """The hashes the full blocks of `token_ids` get once computed (the blocks `cached_prefix` looks up)."""
+        return list(self._prefix_chain(token_ids))
+
+    def first_uncached(self, token_ids: Sequence[int]) -> BlockHash | None:
+        """The hash of the first full block of `token_ids` that is not cached (None: every one is, or none is full)."""
+        return next((digest for digest in self._prefix_chain(token_ids) if digest not in self._block_of), None)
 
     def adopt_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
         """Start the request's table with the cached blocks of its prefix (shared, not copied); returns the tokens

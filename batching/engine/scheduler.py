@@ -168,7 +168,7 @@ class ContinuousScheduler:
         Measured on a Qwen2-0.5B-shaped model (1 thread, seed-lab's 32 equal 39-token prompts, runs alternating in
         one process): the first step computed eight prompts (312 tokens), now one, the other seven joining a step
         later with 32 of their tokens cached; 34.1 to 38.4 tok/s, TTFT p50 5.6 to 3.6 s."""
-        if self._preempted_now:
+        if self._preempted_now or not free_slots or not len(self.waiting):  # every step asks: most have no one to admit
             return []
         budget = self.max_batched_tokens - sum(self._wants(request) for request in running)
         computing = self._blocks_being_computed(running)
