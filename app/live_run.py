@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from app.baton import Baton
 from batching.arrivals import Schedule
 from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import RequestParams, SamplingParams
@@ -122,6 +123,7 @@ class LiveRun:
         self._by_id: dict[str, RequestView] = {}
         self.replays: dict[str, RunRecord] = {}  # mode -> the faster replay of the queue on a private batcher
         self.replayed = 0  # how many of REPLAY_ORDER have run
+        self.baton = Baton()  # the script run that follows this run (app.baton)
 
     def owns(self, request_id: str | None) -> bool:
         return request_id is not None and request_id.startswith(self.owner_prefix)

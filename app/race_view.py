@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from app.baton import Baton
 from app.live_run import LiveRun, RequestView
 from batching.engine.events import Event, FinishedEvent
 from batching.engine.params import RequestParams, SamplingParams
@@ -35,6 +36,7 @@ class RaceRun:
         self.lanes = {mode: LiveRun(0.0, self.prefix, self.slots, self.sampling, mode=mode) for mode in RACE_MODES}
         self.elapsed = dict.fromkeys(RACE_MODES, 0.0)
         self._views: dict[str, dict[str, RequestView]] = {mode: {} for mode in RACE_MODES}
+        self.baton = Baton()  # the script run that follows this race (app.baton)
 
     @property
     def views(self) -> list[RequestView]:

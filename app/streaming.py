@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,6 +52,7 @@ class Redraw:
     progress: bool = False
     live_charts: bool = False
     done: bool = False
+    superseded: bool = False  # a newer script run of the tab follows the run now: this one stops
 
 
 def join_new_items(
@@ -103,8 +105,9 @@ class RedrawPacing:
 class Stream(RedrawPacing):
     """One script run's view of a live run: `tick()` until `Redraw.done`, sleeping `pause()` in between.
 
-    A click elsewhere stops the script at its next redraw; the next script run makes a new `Stream` on the same
-    `LiveRun`, which picks up where the last one left off (every view is drawn afresh by the page then).
+    A click elsewhere starts a new script run, which makes a new `Stream` on the same `LiveRun` (taking its baton,
+    `app.baton`) before it draws every view afresh, and picks up where the last one left off; the old one's next
+    tick says it is superseded, without polling.
     """
 
     def __init__(
@@ -120,7 +123,12 @@ class Stream(RedrawPacing):
         self.run = run
         self.session = session
         self.compare = compare
+        self._token = run.baton.take()
         self._drawn = {view.number: shown(view) for view in run.views}
+
+    def following(self) -> AbstractContextManager[bool]:
+        """Whether this stream's script run still follows the run, true for the whole `with` block."""
+        return self.run.baton.hold(self._token)
 
     def submit_due(self, now: float) -> None:
         """Send every planned prompt whose arrival time has come; a refusal ends that prompt with the message."""
@@ -135,8 +143,11 @@ class Stream(RedrawPacing):
     def tick(self) -> Redraw:
         """Submit what is due, wait up to one text interval for events and fold them in; say what to redraw."""
         run = self.run
-        self.submit_due(self.clock())
-        run.fold(self.session.poll(timeout=self.text_every_s))
+        with self.following() as following:
+            if not following:
+                return Redraw(self.clock(), superseded=True)
+            self.submit_due(self.clock())
+            run.fold(self.session.poll(timeout=self.text_every_s))
         now = self.clock()
         answers = self._changed_answers(run.views) if self.text_due(now, run.done) else []
         charts = self.charts_due(now, run.done)
@@ -179,12 +190,14 @@ class RaceRedraw:
     answers: list[tuple[str, int, RequestView]] = field(default_factory=list)
     charts: bool = False
     done: bool = False
+    superseded: bool = False  # a newer script run of the tab follows the race now: this one stops
 
 
 class RaceStream(RedrawPacing):
     """One script run's view of a race: `tick()` until `RaceRedraw.done`, sleeping `pause()` in between.
 
-    Like `Stream`, a new script run makes a new `RaceStream` on the same `RaceRun` and picks up where it was.
+    Like `Stream`, a new script run makes a new `RaceStream` on the same `RaceRun` (taking its baton) and picks up
+    where it was.
     """
 
     def __init__(
@@ -198,21 +211,25 @@ class RaceStream(RedrawPacing):
         super().__init__(clock, text_every_s, chart_every_s)
         self.race = race
         self.source = source
+        self._token = race.baton.take()
         self._drawn = {(mode, view.number): shown(view) for mode, lane in race.lanes.items() for view in lane.views}
 
     def tick(self) -> RaceRedraw:
         """Wait up to one text interval for lane steps and fold them in; say what to redraw."""
         race = self.race
-        try:
-            messages = self.source.poll(timeout=self.text_every_s)
-        except RuntimeError as exc:  # the engine stopped: the race ends with its message
-            race.end((), str(exc))
-            messages = []
-        for message in messages:
-            if isinstance(message, LaneStep):
-                race.apply(message.mode, message.events, message.arrived, message.elapsed)
-            else:
-                race.end(message.walls, message.error)
+        with race.baton.hold(self._token) as following:
+            if not following:
+                return RaceRedraw(self.clock(), superseded=True)
+            try:
+                messages = self.source.poll(timeout=self.text_every_s)
+            except RuntimeError as exc:  # the engine stopped: the race ends with its message
+                race.end((), str(exc))
+                messages = []
+            for message in messages:
+                if isinstance(message, LaneStep):
+                    race.apply(message.mode, message.events, message.arrived, message.elapsed)
+                else:
+                    race.end(message.walls, message.error)
         now = self.clock()
         answers = []
         if self.text_due(now, race.done):

@@ -11,7 +11,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app.live_run import LiveRun, RequestView
 from app.race_view import LANE_NAMES, RaceRun
-from app.streaming import EngineSession, RaceSource, RaceStream, Stream
+from app.streaming import RaceStream, Stream
 from utils.plain_text import card_heading_html
 
 AnswerSlots = tuple[DeltaGenerator, DeltaGenerator]  # a prompt's status line, its answer so far
@@ -61,9 +61,7 @@ def race_answers_section(race: RaceRun) -> tuple[DeltaGenerator, list[LaneSlots]
 
 
 def stream(
-    run: LiveRun,
-    source: EngineSession,
-    compare: bool,
+    streaming: Stream,
     progress_slot: DeltaGenerator,
     answer_slots: list[AnswerSlots],
     draw_live_charts: Callable[[float], None],
@@ -71,11 +69,13 @@ def stream(
     """Submit prompts as they come due (to the shared engine or a remote server), fold the events in, redraw what
     changed (the live charts through `draw_live_charts(now)`), until the run is done.
 
-    A click elsewhere stops this script run at its next redraw; the next run picks the same LiveRun up again.
+    A click elsewhere starts a new script run, whose own `Stream` takes the run over: this one then stops here.
     """
-    streaming = Stream(run, source, compare)
+    run = streaming.run
     while True:
         redraw = streaming.tick()
+        if redraw.superseded:
+            st.stop()
         for index, view in redraw.answers:
             draw_answer(view, answer_slots[index])
         if redraw.progress:
@@ -89,16 +89,18 @@ def stream(
 
 
 def race_stream(
-    race: RaceRun,
-    source: RaceSource,
+    streaming: RaceStream,
     progress_slot: DeltaGenerator,
     answer_slots: list[LaneSlots],
     draw_charts: Callable[[], None],
 ) -> None:
-    """Fold both lanes' steps in as they come and redraw what changed, until the engine says the race is over."""
-    streaming = RaceStream(race, source)
+    """Fold both lanes' steps in as they come and redraw what changed, until the engine says the race is over (or
+    a newer script run's `RaceStream` took the race over: this one then stops here)."""
+    race = streaming.race
     while True:
         redraw = streaming.tick()
+        if redraw.superseded:
+            st.stop()
         for mode, index, view in redraw.answers:
             draw_answer(view, answer_slots[index][mode])
         if redraw.answers or redraw.charts:  # one cheap line: kept in step with the answers

@@ -17,6 +17,7 @@ from app.sections.memory import memory_charts, memory_layout
 from app.sections.numbers import numbers_section
 from app.sections.queue import queue_section, run_buttons
 from app.sidebar import kv_memory, slow_motion
+from app.streaming import RaceStream
 from utils.inspector import waste_meters
 
 frame = current_frame()
@@ -29,6 +30,8 @@ buttons = run_buttons(
 )
 if kept is None:
     st.stop()
+# From here this script run follows the race: an older one of this tab, still going, stops (app.baton).
+streaming = RaceStream(kept.run, kept.handle)
 if buttons.running:  # prompts added since join both lanes; a new slow motion applies now
     kept.follow(frame, queue, pause_ms)
 
@@ -43,7 +46,7 @@ def draw_charts() -> None:
     memory_charts(lanes, memory)
 
 
-race_stream(lanes, kept.handle, progress_slot, answer_slots, draw_charts)
+race_stream(streaming, progress_slot, answer_slots, draw_charts)
 if buttons.running:  # the race ended during this script run
     kept.handle.close()
     buttons.run_ended()

@@ -16,6 +16,7 @@ from app.sections.export import remote_export_section
 from app.sections.numbers import remote_failures, remote_numbers_section
 from app.sections.queue import queue_section, run_buttons
 from app.sidebar import REMOTE_RUN_NOTE, compare_choice, remote_server_choice
+from app.streaming import Stream
 
 REMOTE_NOTE = (
     "Remote server: every time here is measured by this page's client, so it includes the network and whatever "
@@ -33,6 +34,8 @@ start = partial(remote.start, frame, server, compare)
 buttons = run_buttons(queue, start, remote.stop, kept is not None and kept.running)
 if kept is None:
     st.stop()
+# From here this script run follows the run: an older one of this tab, still going, stops (app.baton).
+streaming = Stream(kept.run, kept.live, compare)
 if buttons.running:  # prompts added mid-run join the live pass at once
     kept.join(queue, frame.formatted)
 
@@ -41,7 +44,7 @@ st.info(REMOTE_NOTE)
 st.caption(remote.order_line(kept.setup))
 progress_slot, answer_slots = answers_section(run)
 layout = remote_layout(live.setup.mode)
-stream(run, live, compare, progress_slot, answer_slots, partial(live_remote_charts, layout, run, live))
+stream(streaming, progress_slot, answer_slots, partial(live_remote_charts, layout, run, live))
 live.close()
 runs = remote.compared(kept, compare, layout.progress)
 buttons.run_ended()

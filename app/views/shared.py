@@ -16,6 +16,7 @@ from app.sections.inspector import inspector_section
 from app.sections.numbers import numbers_section
 from app.sections.queue import queue_section, run_buttons
 from app.sidebar import compare_choice
+from app.streaming import Stream
 from utils.inspector import waste_meters
 
 frame = current_frame()
@@ -25,15 +26,17 @@ kept: shared.SharedViewRun | None = st.session_state.get(shared.KEY)
 buttons = run_buttons(queue, partial(shared.start, frame, compare), shared.stop, kept is not None and kept.running)
 if kept is None:
     st.stop()
+# From here this script run follows the run: an older one of this tab, still going, stops (app.baton).
+streaming = Stream(kept.run, kept.session, compare)
 if buttons.running:  # prompts added mid-run join it at once: the engine keeps going
     kept.join(queue, frame.formatted)
 
 run = kept.run
 progress_slot, answer_slots = answers_section(run)
 layout = engine_layout()
-stream(run, kept.session, compare, progress_slot, answer_slots, partial(live_charts, layout, run))
+stream(streaming, progress_slot, answer_slots, partial(live_charts, layout, run))
 if compare and run.completed:
-    shared.replay_all(frame.service, run, kept.setup["engine"], layout.progress)
+    shared.replay_all(frame.service, streaming, kept.setup["engine"], layout.progress)
 buttons.run_ended()
 runs = comparison_charts(run, compare, layout)
 meters = {mode: waste_meters(record) for mode, record in runs.items()}  # each run's, read by both sections

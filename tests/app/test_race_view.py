@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
+from app.live_run import CURSOR
 from app.race_view import RaceRun
-from app.streaming import RaceStream
+from app.streaming import RaceStream, shown
 from batching.arrivals import Schedule
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.builder import RequestBuilder
@@ -70,9 +72,9 @@ def test_a_race_view_follows_both_lanes_to_the_end(tiny: LoadedModel) -> None:
     stream = RaceStream(view, source, text_every_s=0.0, chart_every_s=0.0)
     seen_running = set()
     while not (redraw := stream.tick()).done:
-        for mode, index, shown in redraw.answers:
-            assert view.lanes[mode].views[index] is shown
-            if shown.status == "running":
+        for mode, index, drawn in redraw.answers:
+            assert view.lanes[mode].views[index] is drawn
+            if drawn.status == "running":
                 seen_running.add(mode)
         line = view.progress_line()
         assert line.startswith("**running**") and "continuous:" in line and "static:" in line
@@ -107,3 +109,63 @@ def test_a_stopped_race_is_not_fit_for_a_speedup_and_an_engine_failure_ends_it_w
     assert RaceStream(failed, DeadEngine()).tick().done
     assert failed.error and "engine stopped" in failed.error
     assert all(v.refused and "engine stopped" in v.refused for lane in failed.lanes.values() for v in lane.views)
+
+
+class HeldPoll:
+    """The race's source, whose next poll waits until the test lets it go (a script run caught mid-poll)."""
+
+    def __init__(self, source: InProcessRace) -> None:
+        self.source = source
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.hold_next = False
+
+    @property
+    def polls(self) -> int:
+        return self.source.polls
+
+    def poll(self, timeout: float = 0.0) -> list[LaneStep | RaceEnded]:
+        if self.hold_next:
+            self.hold_next = False
+            self.entered.set()
+            assert self.release.wait(30)
+        return self.source.poll(timeout)
+
+
+def test_a_newer_script_run_takes_the_race_over_once_the_older_one_has_folded_and_draws_every_change(
+    tiny: LoadedModel,
+) -> None:
+    """Streamlit's fast reruns: a click starts a new script run while the old one still polls. The old one's fold
+    ends before the new one snapshots what it draws, and the old one then stops without polling again; otherwise
+    an answer finished by the old fold after the new run drew it would keep its cursor."""
+    view, inner = start(tiny)
+    source = HeldPoll(inner)
+    old = RaceStream(view, source, text_every_s=0.0)
+    old.tick()
+    assert any(v.status == "running" for lane in view.lanes.values() for v in lane.views)
+
+    source.hold_next = True
+    old_tick = threading.Thread(target=old.tick)
+    old_tick.start()
+    assert source.entered.wait(30)
+    made: list[RaceStream] = []
+    new_run = threading.Thread(target=lambda: made.append(RaceStream(view, source, text_every_s=0.0)))
+    new_run.start()
+    new_run.join(0.3)
+    assert new_run.is_alive(), "the new script run took the race while the old one was folding"
+    source.release.set()
+    old_tick.join(30)
+    new_run.join(30)
+    (new,) = made
+    folded = inner.polls
+
+    # The page draws every card as it is now, then streams the changes.
+    drawn = {(mode, v.number): shown(v) for mode, lane in view.lanes.items() for v in lane.views}
+    assert old.tick().superseded and inner.polls == folded  # the old run stops without taking any step
+    while not (redraw := new.tick()).done:
+        drawn.update({(mode, v.number): shown(v) for mode, _, v in redraw.answers})
+    drawn.update({(mode, v.number): shown(v) for mode, _, v in redraw.answers})
+    assert view.completed
+    for mode, lane in view.lanes.items():
+        for v in lane.views:
+            assert drawn[(mode, v.number)] == shown(v) and CURSOR not in drawn[(mode, v.number)][1]

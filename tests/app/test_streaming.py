@@ -175,3 +175,41 @@ def test_queue_items_added_mid_run_join_it_once_at_the_moment_they_were_seen() -
     ]
     assert join_new_items(run, queue.items, joined, lambda prompt: prompt, now=103.0) == []
     assert len(run.views) == 2
+
+
+class CountedSession:
+    """The real session, counting the polls and submissions made through it."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.polls = 0
+        self.submitted = 0
+
+    def submit(self, prompt, params):
+        self.submitted += 1
+        return self.session.submit(prompt, params)
+
+    def poll(self, timeout: float = 0.0):
+        self.polls += 1
+        return self.session.poll(timeout)
+
+
+def test_a_newer_script_runs_stream_takes_the_run_over_and_the_older_one_neither_polls_nor_submits(session) -> None:
+    """Streamlit's fast reruns leave the old script run going until its next Streamlit call: it must not take
+    events or send prompts the new one would then never see."""
+    clock = SteppedClock()
+    counted = CountedSession(session)
+    run = new_run(session, clock.now, [3, 4, 2], offsets=[0.0, 0.0, 0.5])
+    old = Stream(run, counted, compare=False, clock=clock)
+    old.tick()
+    new = Stream(run, counted, compare=False, clock=clock)
+    clock.now += 1.0  # the third prompt is due
+    polls, submitted = counted.polls, counted.submitted
+    redraw = old.tick()
+    assert redraw.superseded and not redraw.answers and not redraw.done
+    assert (counted.polls, counted.submitted) == (polls, submitted) and run.views[2].status == "scheduled"
+    deadline = time.monotonic() + 60
+    while not new.tick().done:
+        assert time.monotonic() < deadline
+    assert run.completed and counted.submitted == 3
+    assert [view.finished.output_tokens for view in run.views] == [3, 4, 2]

@@ -41,6 +41,12 @@ def test_a_remote_run_streams_compares_and_exports(remote_app: tuple[str, str], 
     page.get_by_text("11 of 64 prompts").wait_for()
     page.wait_for_selector(IDLE)
 
+    # Staggered arrivals (one every 0.5 s) keep the live pass going for seconds: sent at once, the 11 answers can
+    # all be in within a second, before a loaded machine's browser draws one of them streaming (seen in CI).
+    sidebar.get_by_text("staggered", exact=True).click()
+    page.wait_for_timeout(500)
+    page.wait_for_selector(IDLE)
+    assert sidebar.get_by_test_id("stSlider").filter(has_text="Seconds between requests").count() == 1
     main.get_by_role("button", name="Generate").click()
     page.get_by_test_id("stText").filter(has_text="▌").first.wait_for(timeout=30_000)  # answers streaming in
     assert page.get_by_text("Remote server: every time here is measured by this page's client").count() == 1
