@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("config", "model", "batching", "utils", "app")
 OURS = ("config", "model", "batching", "utils", "app", "streamlit_app")
 PAGE = ("streamlit_app", "app")  # the frame and the package of its views and sections
-# The page's own models, tested without Streamlit: the queue, a run's live view, a race's view, the streaming loops.
-PAGE_MODELS = ("app.prompt_queue", "app.live_run", "app.race_view", "app.streaming")
+# The page's own models, tested without Streamlit: the queue, a run's follower, a run's live view, a race's view,
+# the streaming loops.
+PAGE_MODELS = ("app.prompt_queue", "app.baton", "app.live_run", "app.race_view", "app.streaming")
 
 
 def _module_name(path: Path) -> str:

@@ -15,7 +15,7 @@ from app.live_run import LiveRun
 from app.prompt_queue import PromptQueue
 from app.runs import ViewRunBase
 from app.sidebar import RemoteChoice
-from app.streaming import join_new_items
+from app.streaming import Stream, join_new_items
 from batching.remote import MODES, WARM_UP_QUESTION, Mode, RemoteError, RemoteRun, RunSetup, warm_up
 
 KEY = "remote_run"
@@ -103,30 +103,24 @@ def stop() -> None:
     st.session_state[KEY].stop()
 
 
-def compared(kept: RemoteViewRun, compare: bool, slot: DeltaGenerator) -> dict[str, RemoteRun]:
+def compared(kept: RemoteViewRun, streaming: Stream, compare: bool, slot: DeltaGenerator) -> dict[str, RemoteRun]:
     """Every pass to report, in the tables' order: the live one, and the other mode's once the live one completed."""
     found: dict[str, RemoteRun] = {kept.live.setup.mode: kept.live}
     if compare and kept.run.completed:
         other = next(mode for mode in MODES if mode != kept.live.setup.mode)
-        found[other] = second_pass(kept, other, slot)
+        found[other] = second_pass(kept, streaming, other, slot)
     return {mode: found[mode] for mode in MODES if mode in found}
 
 
-def second_pass(kept: RemoteViewRun, mode: Mode, slot: DeltaGenerator) -> RemoteRun:
-    """The same queue sent again in the other mode (started once, resumed by later script runs), with a progress bar."""
-    second = kept.second
+def second_pass(kept: RemoteViewRun, streaming: Stream, mode: Mode, slot: DeltaGenerator) -> RemoteRun:
+    """The same queue sent again in the other mode (started once, resumed by later script runs), with a progress bar.
+
+    Only the script run that follows the run starts it: an older one, still going when a click started a newer one,
+    stops instead of sending the queue a second time."""
+    with streaming.following() as following:
+        second = _started_second_pass(kept, mode) if following else None
     if second is None:
-        live = kept.live
-        second = RemoteRun(
-            replace(live.setup, mode=mode), telemetry_every_s=live.poller.every_s if live.poller else None
-        )
-        kept.second_labels = {}  # a pass an earlier script run began but never finished starting is dropped
-        for view in kept.run.views:
-            if view.request_id is not None:
-                submitted = second.submit(view.formatted, kept.run.params(view), at=view.offset_s)
-                kept.second_labels[submitted.request_id] = f"#{view.number}"
-        second.close()
-        kept.second = second
+        st.stop()
     total = len(kept.second_labels)
     while not second.done:
         done = len(second.record.finished)
@@ -134,6 +128,22 @@ def second_pass(kept: RemoteViewRun, mode: Mode, slot: DeltaGenerator) -> Remote
         slot.progress(done / max(total, 1), text=text)
         time.sleep(0.2)
     slot.empty()
+    return second
+
+
+def _started_second_pass(kept: RemoteViewRun, mode: Mode) -> RemoteRun:
+    """The second pass, sent now unless an earlier script run sent it."""
+    if kept.second is not None:
+        return kept.second
+    live = kept.live
+    second = RemoteRun(replace(live.setup, mode=mode), telemetry_every_s=live.poller.every_s if live.poller else None)
+    kept.second_labels = {}  # a pass an earlier script run began but never finished starting is dropped
+    for view in kept.run.views:
+        if view.request_id is not None:
+            submitted = second.submit(view.formatted, kept.run.params(view), at=view.offset_s)
+            kept.second_labels[submitted.request_id] = f"#{view.number}"
+    second.close()
+    kept.second = second
     return second
 
 
