@@ -193,7 +193,6 @@ def keep_queue(settings: Settings, max_cap: int) -> None:
     if "queue" not in state:
         state.queue = PromptQueue(settings.limits.max_queue_per_session, max_cap)
         state.queue_message = None
-        state.editor_version = 0
 
 
 def let_go_of_runs_elsewhere(views: Iterable[View], shown: View) -> None:

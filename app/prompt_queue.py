@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import pandas as pd
 
@@ -34,6 +36,10 @@ class PromptQueue:
         self.max_cap = max_cap
         self.items: list[QueueItem] = []
         self._ids = itertools.count(1)
+        # The table shown for the queue: its editor's change set counts rows of that table, so a whole new queue, or
+        # edits once applied, need a table drawn afresh (under a new key, from this version).
+        self.table_version = 0
+        self._table_lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.items)
@@ -95,9 +101,22 @@ class PromptQueue:
                 "(BATCHSCOPE_LIMITS__MAX_QUEUE_PER_SESSION)"
             )
         self.items = [QueueItem(next(self._ids), prompt, cap) for prompt, cap in checked]
+        self.table_version += 1
 
     def clear(self) -> None:
         self.items = []
+        self.table_version += 1
+
+    def apply_table_edits(self, version: int, delta: Mapping, check: Check | None = None) -> list[str] | None:
+        """The change set of the table drawn at `version`, applied once: the table is then drawn afresh at the next
+        version. Returns a message per refused edit, or None if that table's edits were applied already (with
+        Streamlit's fast reruns, a script run still going and the one a click started can both find them; applied
+        twice, a deleted row would take its neighbour with it)."""
+        with self._table_lock:
+            if version != self.table_version:
+                return None
+            self.table_version += 1
+            return self.apply_edits(delta, check)
 
     def apply_edits(self, delta: Mapping, check: Check | None = None) -> list[str]:
         """Apply a data editor's change set (edited caps, deleted rows); returns a message per refused edit.
@@ -147,6 +166,6 @@ def _as_typed(text: str) -> str:
     return repr(text) if _NUMBER_LIKE.fullmatch(text) else "that text"
 
 
-def has_edits(delta: object) -> bool:
+def has_edits(delta: object) -> TypeGuard[Mapping]:
     """Whether a data editor's change set holds anything to apply."""
     return isinstance(delta, Mapping) and bool(delta.get("edited_rows") or delta.get("deleted_rows"))

@@ -41,13 +41,11 @@ def on_load_example(queue: PromptQueue, check: Check, default_cap: int) -> None:
         state.queue_message = f"{state.example}: {exc}"
         return
     state.queue_message = None
-    state.editor_version += 1
 
 
 def on_clear(queue: PromptQueue) -> None:
     queue.clear()
     st.session_state.queue_message = None
-    st.session_state.editor_version += 1
 
 
 def on_generate(queue: PromptQueue, start: Start) -> None:
@@ -100,12 +98,13 @@ def queue_table(frame: Frame, queue: PromptQueue) -> None:
     state = st.session_state
     max_cap = frame.builder.max_new_tokens
     # Edits made in the table last time go into the canonical queue, then the table is drawn afresh from it.
-    editor_key = f"queue_editor_{state.editor_version}"
-    if has_edits(state.get(editor_key)):
-        problems = queue.apply_edits(state[editor_key], frame.check_prompt)
-        state.queue_message = "; ".join(problems) or None
-        state.editor_version += 1
-        editor_key = f"queue_editor_{state.editor_version}"
+    version = queue.table_version
+    edits = state.get(f"queue_editor_{version}")
+    if has_edits(edits):
+        problems = queue.apply_table_edits(version, edits, frame.check_prompt)
+        if problems is not None:  # None: an older script run of this tab applied them (and said how it went)
+            state.queue_message = "; ".join(problems) or None
+    editor_key = f"queue_editor_{queue.table_version}"
 
     if state.queue_message:
         st.error(state.queue_message)

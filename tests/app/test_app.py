@@ -76,7 +76,7 @@ def errors(at: AppTest) -> list[str]:
 
 def edit_table(at: AppTest, edited: dict | None = None, deleted: list[int] | None = None) -> None:
     """What the data editor sends after a person edits cells or deletes rows (AppTest cannot edit it directly)."""
-    key = f"queue_editor_{at.session_state.editor_version}"
+    key = f"queue_editor_{at.session_state.queue.table_version}"
     at.session_state[key] = {"edited_rows": edited or {}, "added_rows": [], "deleted_rows": deleted or []}
     at.run()
     assert not at.exception, at.exception

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import replace
 
 import pytest
@@ -120,6 +121,28 @@ def test_editor_edits_change_caps_and_deleted_rows_go() -> None:
     problems = queue.apply_edits({"edited_rows": {0: {"max_new_tokens": 3}}, "deleted_rows": [1], "added_rows": []})
     assert problems == []
     assert [(item.prompt, item.max_new_tokens) for item in queue.items] == [("a", 3), ("c", 10)]
+
+
+def test_a_tables_edits_apply_once_even_when_two_script_runs_find_them() -> None:
+    """Streamlit's fast reruns: the script run a click starts and the one still going can both find the table's
+    change set. Applied twice, deleting row 1 would also delete the row after it."""
+    queue = PromptQueue(max_items=5, max_cap=100)
+    for prompt in ("a", "b", "c", "d"):
+        queue.add(prompt, 10)
+    version = queue.table_version
+    delta = {"edited_rows": {}, "deleted_rows": [1], "added_rows": []}
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(queue.apply_table_edits(version, delta))) for _ in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results, key=lambda r: r is None) == [[], None]
+    assert [item.prompt for item in queue.items] == ["a", "c", "d"]
+    assert queue.table_version == version + 1  # the table is drawn afresh, under a new key
+    queue.replace_all([("x", 5)])
+    queue.clear()
+    assert queue.table_version == version + 3  # a whole new queue is a new table too
 
 
 def test_a_bad_edit_is_refused_with_its_row_and_the_others_apply() -> None:
