@@ -23,14 +23,22 @@ the cache returns them, with no logit soft-capping or sinks (`supports`); everyt
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
 import shutil
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
+
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -373,6 +381,7 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno"]
 if platform.machine() in ("x86_64", "AMD64"):
     _FLAGS.append("-mprefer-vector-width=512")
 
+_NAME = "batchscope_paged_decode"
 _lock = threading.Lock()
 _state: dict[str, bool] = {}  # "loaded": the operator is registered in this process; "failed": it cannot be
 
@@ -398,12 +407,8 @@ def load() -> bool:
             from torch.utils.cpp_extension import load_inline
 
             _put_ninja_on_path()
-            load_inline(
-                "batchscope_paged_decode",
-                cpp_sources=_SOURCE,
-                is_python_module=False,
-                extra_cflags=_FLAGS,
-            )
+            with _builder_lock(_NAME):
+                load_inline(_NAME, cpp_sources=_SOURCE, is_python_module=False, extra_cflags=_FLAGS)
         except Exception as exc:  # a machine without g++ or ninja runs the gathered path
             first_line = (str(exc).strip().splitlines() or [""])[0]
             what = "paged decode attention unavailable, steps gather blocks"
@@ -413,6 +418,30 @@ def load() -> bool:
         torch.library.register_fake("batchscope::paged_decode")(_fake)
         _state["loaded"] = True
         return True
+
+
+@contextlib.contextmanager
+def _builder_lock(name: str) -> Iterator[None]:
+    """Hold the machine-wide build lock for extension `name`, clearing the file lock a killed build left behind.
+
+    torch's builder marks a build (and even a load of an up-to-date one) with a `lock` file in the build folder and
+    waits, with no end, while that file exists; a process killed meanwhile (Ctrl-C on a first start, a test run cut
+    short) leaves it, and every later start's compile then waits forever (seen here: two test workers, 8 minutes,
+    idle). An flock on a file beside it is released by the kernel when its holder dies: while we hold it, no other
+    process of ours is building, so a `lock` file found then is a dead one's."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    if fcntl is None:  # not POSIX: a dead build's lock file is left to torch
+        yield
+        return
+    folder = Path(_get_build_directory(name, verbose=False))
+    with (folder / "batchscope.flock").open("a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        stale = folder / "lock"
+        if stale.exists():
+            logger.warning("removing %s, left by a build that was stopped before it finished", stale)
+            stale.unlink(missing_ok=True)
+        yield
 
 
 def _put_ninja_on_path() -> None:

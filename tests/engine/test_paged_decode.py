@@ -4,6 +4,11 @@ value head size other than the keys'; and which models take it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -14,6 +19,7 @@ from batching.engine.kv_cache import gather_blocks
 from tests.engine.helpers import loaded
 
 BLOCK = 16
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -83,3 +89,22 @@ def test_plain_float32_families_on_the_cpu_take_it_and_the_others_gather(tiny_mo
     assert not paged_decode.supports(loaded(str(tiny_model_dirs["gpt2"])).model)  # not in the checked families
     in_bfloat16 = AutoModelForCausalLM.from_pretrained(tiny_model_dirs["llama"], dtype=torch.bfloat16)
     assert not paged_decode.supports(in_bfloat16)
+
+
+def test_a_lock_file_a_killed_build_left_is_cleared_and_the_operator_loads(tmp_path) -> None:
+    """torch's builder waits with no end while its `lock` file exists, and a process killed while building or
+    loading (Ctrl-C on a first start) leaves it: without the clearing, this load never returns."""
+    folder = tmp_path / "batchscope_paged_decode"
+    folder.mkdir()
+    (folder / "lock").touch()
+    script = "from batching.engine import paged_decode; print(paged_decode.load())"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    try:  # a fresh process: this one has the operator loaded already; a build from nothing takes about 20 s here
+        done = subprocess.run(
+            [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the load waited on the dead build's lock file")
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+    assert "left by a build that was stopped" in done.stderr
+    assert not (folder / "lock").exists() and (folder / "batchscope_paged_decode.so").exists()
