@@ -19,17 +19,24 @@ class Baton:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._holder: object | None = None
+        self._holder: Follower | None = None
 
-    def take(self) -> object:
-        """Become the follower; returns the token to `hold` with. Waits for the current holder's fold to end."""
-        token = object()
+    def take(self) -> Follower:
+        """Become the run's follower. Waits for the current holder's fold to end."""
+        follower = Follower(self)
         with self._lock:
-            self._holder = token
-        return token
+            self._holder = follower
+        return follower
+
+
+class Follower:
+    """One script run's claim on a run's baton (`Baton.take`)."""
+
+    def __init__(self, baton: Baton) -> None:
+        self._baton = baton
 
     @contextmanager
-    def hold(self, token: object) -> Iterator[bool]:
-        """Whether `token` is still the follower's, kept true for the whole block (no one can take it meanwhile)."""
-        with self._lock:
-            yield self._holder is token
+    def following(self) -> Iterator[bool]:
+        """Whether this is still the run's follower, kept true for the whole block (no one can take it meanwhile)."""
+        with self._baton._lock:
+            yield self._baton._holder is self

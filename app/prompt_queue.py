@@ -100,12 +100,14 @@ class PromptQueue:
                 f"that example has {len(checked)} prompts, more than the {self.max_items} the queue holds "
                 "(BATCHSCOPE_LIMITS__MAX_QUEUE_PER_SESSION)"
             )
-        self.items = [QueueItem(next(self._ids), prompt, cap) for prompt, cap in checked]
-        self.table_version += 1
+        with self._table_lock:
+            self.items = [QueueItem(next(self._ids), prompt, cap) for prompt, cap in checked]
+            self.table_version += 1
 
     def clear(self) -> None:
-        self.items = []
-        self.table_version += 1
+        with self._table_lock:
+            self.items = []
+            self.table_version += 1
 
     def apply_table_edits(self, version: int, delta: Mapping, check: Check | None = None) -> list[str] | None:
         """The change set of the table drawn at `version`, applied once: the table is then drawn afresh at the next

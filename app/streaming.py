@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -123,12 +122,8 @@ class Stream(RedrawPacing):
         self.run = run
         self.session = session
         self.compare = compare
-        self._token = run.baton.take()
+        self.follower = run.baton.take()
         self._drawn = {view.number: shown(view) for view in run.views}
-
-    def following(self) -> AbstractContextManager[bool]:
-        """Whether this stream's script run still follows the run, true for the whole `with` block."""
-        return self.run.baton.hold(self._token)
 
     def submit_due(self, now: float) -> None:
         """Send every planned prompt whose arrival time has come; a refusal ends that prompt with the message."""
@@ -143,7 +138,7 @@ class Stream(RedrawPacing):
     def tick(self) -> Redraw:
         """Submit what is due, wait up to one text interval for events and fold them in; say what to redraw."""
         run = self.run
-        with self.following() as following:
+        with self.follower.following() as following:
             if not following:
                 return Redraw(self.clock(), superseded=True)
             self.submit_due(self.clock())
@@ -211,13 +206,13 @@ class RaceStream(RedrawPacing):
         super().__init__(clock, text_every_s, chart_every_s)
         self.race = race
         self.source = source
-        self._token = race.baton.take()
+        self.follower = race.baton.take()
         self._drawn = {(mode, view.number): shown(view) for mode, lane in race.lanes.items() for view in lane.views}
 
     def tick(self) -> RaceRedraw:
         """Wait up to one text interval for lane steps and fold them in; say what to redraw."""
         race = self.race
-        with race.baton.hold(self._token) as following:
+        with self.follower.following() as following:
             if not following:
                 return RaceRedraw(self.clock(), superseded=True)
             try:

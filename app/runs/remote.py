@@ -117,7 +117,7 @@ def second_pass(kept: RemoteViewRun, streaming: Stream, mode: Mode, slot: DeltaG
 
     Only the script run that follows the run starts it: an older one, still going when a click started a newer one,
     stops instead of sending the queue a second time."""
-    with streaming.following() as following:
+    with streaming.follower.following() as following:
         second = _started_second_pass(kept, mode) if following else None
     if second is None:
         st.stop()

@@ -88,7 +88,7 @@ def replay_all(service: EngineClient, streaming: Stream, engine: dict, slot: Del
                 if isinstance(event, FinishedEvent):
                     done += 1
                     bar.progress(done / total, text=text)
-        with streaming.following() as following:
+        with streaming.follower.following() as following:
             if following:
                 run.keep_replay(replay.record)
         if not following:

@@ -429,11 +429,11 @@ def _builder_lock(name: str) -> Iterator[None]:
     short) leaves it, and every later start's compile then waits forever (seen here: two test workers, 8 minutes,
     idle). An flock on a file beside it is released by the kernel when its holder dies: while we hold it, no other
     process of ours is building, so a `lock` file found then is a dead one's."""
-    from torch.utils.cpp_extension import _get_build_directory
-
     if fcntl is None:  # not POSIX: a dead build's lock file is left to torch
         yield
         return
+    from torch.utils.cpp_extension import _get_build_directory
+
     folder = Path(_get_build_directory(name, verbose=False))
     with (folder / "batchscope.flock").open("a") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
