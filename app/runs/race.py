@@ -53,9 +53,7 @@ class RaceViewRun(ViewRunBase):
 
 def kv_default(frame: Frame) -> int:
     """The KV memory the settings give a batcher, in token positions (whole blocks)."""
-    options = frame.options
-    blocks = options.pool_blocks(frame.builder.context_length, frame.service.info.kv_bytes_per_token)
-    return blocks * options.block_size
+    return frame.service.info.geometry.kv_tokens(frame.options)
 
 
 def lane_options(frame: Frame, kv_tokens: int) -> BatcherOptions:

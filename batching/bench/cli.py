@@ -52,8 +52,9 @@ from batching.bench.workloads import (
     random_workload,
 )
 from batching.engine.batcher import MODES as BATCHER_MODES
-from batching.engine.batcher import Batcher, BatcherOptions, eos_token_ids, request_builder
+from batching.engine.batcher import Batcher, BatcherOptions, eos_token_ids
 from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.geometry import PoolGeometry
 from batching.engine.model_support import UnsupportedModelError, check_supported
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request
@@ -200,7 +201,7 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
             kv_cache_mb=args.kv_cache_mb,
             prefix_caching=settings.batching.prefix_caching and not args.no_prefix_caching,
         )
-        builder = request_builder(loaded.model, loaded.tokenizer, options)  # a pool under one block raises
+        builder = PoolGeometry.of(loaded.model).request_builder(loaded.tokenizer, options)  # under a block raises
     except ValueError as exc:  # batch size, token budget or KV memory out of range
         raise BenchError(str(exc)) from None
     prompt_ids, caps = [], []

@@ -25,7 +25,8 @@ import transformers
 
 from batching.bench.cli import BAD_INPUT, build_parser, check_flags, load, make_plan, median_run, run_all
 from batching.bench.report import _fmt, _table, mode_report
-from batching.engine.batcher import BatcherOptions, request_builder
+from batching.engine.batcher import BatcherOptions
+from batching.engine.geometry import PoolGeometry
 from config.settings import load_settings
 from model.loader import LoadedModel
 from utils.export import json_safe
@@ -145,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
         loaded = load(build_parser().parse_args(["--workload", "seed-blog", *common]), settings)
-        context = request_builder(loaded.model, loaded.tokenizer, BatcherOptions()).context_length
+        context = PoolGeometry.of(loaded.model).context(BatcherOptions())
         block_size = settings.batching.block_size
         budget = FULL_SLOTS * -(-context // block_size) * block_size  # what 8 slots of the whole context hold
         result: dict = {

@@ -19,15 +19,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
-from batching.engine.builder import RequestBuilder
 from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
 from batching.engine.events import Event, FinishedEvent, MemoryView, PreemptedEvent, StepEvent, StepRow, TokenEvent
-from batching.engine.model_support import (
-    context_reason,
-    kv_bytes_per_token,
-    model_context_length,
-    recurrent_state_bytes,
-)
+from batching.engine.geometry import PoolGeometry
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request, RequestState
 from batching.engine.runner import ModelRunner
@@ -84,27 +78,6 @@ class BatcherOptions:
             if value < least[name] or value <= 0:
                 raise ValueError(f"{name}={value} is not allowed: the pool must hold at least one block")
 
-    def pool_blocks(self, max_len: int, bytes_per_token: int, state_bytes: int = 0) -> int:
-        """The pool's blocks: as set (tokens and MiB rounded down to whole blocks), else every slot's `max_len`.
-
-        A MiB budget holds a hybrid model's per-slot conv and SSM states (`state_bytes`, every slot together) first.
-        """
-        if self.kv_blocks is not None:
-            return self.kv_blocks
-        if self.kv_cache_tokens is not None:
-            return self.kv_cache_tokens // self.block_size
-        if self.kv_cache_mb is not None:
-            budget = self.kv_cache_mb * 2**20 - state_bytes
-            blocks = int(budget // (max(bytes_per_token, 1) * self.block_size))
-            if blocks < 1:
-                states = f" after {state_bytes / 2**20:.3f} MiB of recurrent states" if state_bytes else ""
-                raise ValueError(
-                    f"kv_cache_mb={self.kv_cache_mb} is not allowed: one block of {self.block_size} tokens of this "
-                    f"model takes {bytes_per_token * self.block_size / 2**20:.3f} MiB{states}"
-                )
-            return blocks
-        return self.max_batch_size * -(-max_len // self.block_size)
-
 
 @dataclass(frozen=True)
 class _Layout:
@@ -127,16 +100,6 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     return frozenset([eos] if isinstance(eos, int) else eos)
 
 
-def request_builder(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, options: BatcherOptions
-) -> RequestBuilder:
-    """What a batcher with these options accepts: the same checks, without a cache (for the page's validation)."""
-    context = min(model_context_length(model), options.max_seq_len)
-    reason = context_reason(model) if context == model_context_length(model) else ""
-    blocks = options.pool_blocks(context, kv_bytes_per_token(model))
-    return RequestBuilder(tokenizer, context, options.max_prompt_tokens, reason, blocks * options.block_size)
-
-
 class Batcher:
     """Continuous or static batching of one model. Drive it with `step()` or iterate `run()`.
 
@@ -156,7 +119,8 @@ class Batcher:
         self.model = model
         self.tokenizer = tokenizer
         self.clock = clock
-        self.builder = request_builder(model, tokenizer, options)
+        self.geometry = PoolGeometry.of(model)
+        self.builder = self.geometry.request_builder(tokenizer, options)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         pad_token_id = int(pad or 0)
         if mode not in MODES:
@@ -165,12 +129,10 @@ class Batcher:
         context = self.builder.context_length
         # A static wave's rows also hold left padding (up to the longest prompt); positions never pass the context.
         padding_room = self.builder.max_prompt_tokens if mode == "static" else 0
-        self.state_bytes_per_request = recurrent_state_bytes(model)  # 0 unless a hybrid keeps conv / SSM states
+        self.state_bytes_per_request = self.geometry.state_bytes_per_request  # 0 unless a hybrid keeps states
         # A hybrid's states cannot be cut at a block boundary: its prefixes are never shared.
         prefix_caching = options.prefix_caching and mode == "continuous" and not self.state_bytes_per_request
-        states = self.state_bytes_per_request * options.max_batch_size
-        blocks = options.pool_blocks(context, kv_bytes_per_token(model), states)
-        self.pool = BlockPool(blocks, options.block_size, prefix_caching)
+        self.pool = BlockPool(self.geometry.pool_blocks(options), options.block_size, prefix_caching)
         self.scheduler: Scheduler
         if mode == "continuous":
             self.scheduler = ContinuousScheduler(options.max_batched_tokens, self.pool, options.policy)
@@ -211,7 +173,9 @@ class Batcher:
         return self.builder.build(prompt, params, request_id)
 
     def submit(self, request: Request) -> Request:
-        """Queue a request; it joins at the start of the next step."""
+        """Queue a request; it joins at the start of the next step. Raises `ValueError` (nothing queued) for one
+        that could never fit this batcher's context or pool, whoever built it."""
+        self.builder.check(len(request.prompt_ids), request.params.max_new_tokens)
         with self._lock:
             self._inbox.append(request)
         return request
@@ -241,8 +205,9 @@ class Batcher:
         rows = [self.running[rid] for rid in self.runner.row_owners()]
         for request in self.scheduler.make_room(rows):
             self._preempt(request, events)
-        self._admit()
-        if not self.running:
+        self._admit(events)
+        if not any(not request.is_finished for request in self.running.values()):
+            self._release(self.scheduler.leaving(list(self.running.values())))
             return events
         batch = self.scheduler.schedule([self.running[rid] for rid in self.runner.row_owners()])
         layout = self._layout(batch)  # read now: the step moves its requests on
@@ -330,8 +295,11 @@ class Batcher:
                 self._finish(self.running[request_id], FinishReason.CANCELLED, events)
         return events
 
-    def _admit(self) -> None:
-        """Give the requests the scheduler admits a slot and a cache row (a prefix hit's blocks are theirs already)."""
+    def _admit(self, events: list[Event]) -> None:
+        """Give the requests the scheduler admits a slot and a cache row (a prefix hit's blocks are theirs already).
+
+        A request whose parameters cannot be honoured (its sampler cannot be made) finishes alone with an error,
+        giving its slot and blocks back; the others admitted beside it go on."""
         free = [slot for slot, occupant in enumerate(self.slots) if occupant is None]
         for request, slot in self.scheduler.admit(free, list(self.running.values())):
             self.runner.claim(request.request_id, request.prefilled)
@@ -342,8 +310,13 @@ class Batcher:
             if request.times.admitted is None:  # first admission (not a return after a preemption)
                 request.times.admitted = self.clock()
                 request.cached_tokens = request.prefilled
-                self._detokenizers[request.request_id] = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
-                self._samplers[request.request_id] = sampler_for(request, self.runner.device)
+                try:
+                    self._samplers[request.request_id] = sampler_for(request, self.runner.device)
+                    detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt_ids)
+                    self._detokenizers[request.request_id] = detokenizer
+                except Exception as exc:
+                    logger.warning("request %s failed at admission: %s", request.request_id, exc)
+                    self._finish(request, FinishReason.ERROR, events, f"{type(exc).__name__}: {exc}")
 
     def _preempt(self, request: Request, events: list[Event]) -> None:
         """A running request the scheduler preempted (its blocks are free): back to the front of the queue."""
@@ -367,13 +340,14 @@ class Batcher:
                 pool.commit(request.request_id, request.all_ids, lengths[row])
 
     def _forward(self, batch: ScheduledBatch, events: list[Event]) -> torch.Tensor | None:
-        """The model's forward pass; if it fails, no request can be blamed alone, so all running ones fail."""
+        """The model's forward pass; if it fails, no row can be blamed alone, so the requests with tokens in this
+        step fail (their cache rows may hold part of the step's writes) and the rows that waited go on."""
         try:
             return self.runner.forward(batch.tokens, batch.padding)
         except Exception as exc:
             logger.exception("forward pass failed")
-            for request in list(self.running.values()):
-                if not request.is_finished:
+            for row, request in enumerate(batch.requests):
+                if batch.tokens[row] and not request.is_finished:
                     self._finish(request, FinishReason.ERROR, events, f"forward pass failed: {exc}")
             return None
 

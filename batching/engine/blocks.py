@@ -70,6 +70,7 @@ class BlockPool:
         self._extra_refs = 0  # references beyond the first, over all blocks: tokens held twice are counted once
         self.tables: dict[str, list[int]] = {}
         self._hashed: dict[str, int] = {}  # how many leading blocks of each table are hashed
+        self._chain: dict[str, BlockHash] = {}  # each table's hash chain so far (its last hashed block's hash)
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # of those, tokens found cached
 
@@ -111,6 +112,7 @@ class BlockPool:
         """Give back every block the request holds (its last blocks are the first evicted later: least useful)."""
         table = self.tables.pop(request_id, [])
         self._hashed.pop(request_id, None)
+        self._chain.pop(request_id, None)
         for block in reversed(table):
             self._drop(block)
 
@@ -174,7 +176,7 @@ class BlockPool:
 
     def adopt_prefix(self, request_id: str, token_ids: Sequence[int]) -> int:
         """Start the request's table with the cached blocks of its prefix (shared, not copied); returns the tokens
-        they hold. Counts the query and the hit."""
+        they hold. The query is counted by `count_query`, once the request is in."""
         if self.tables.get(request_id):
             raise ValueError(f"request {request_id!r} already holds blocks")
         blocks = self.cached_prefix(token_ids)
@@ -182,10 +184,16 @@ class BlockPool:
             self._hold(block)
         self.tables[request_id] = list(blocks)
         self._hashed[request_id] = len(blocks)
-        if self.prefix_caching:
-            self.prefix_queries += len(token_ids)
-            self.prefix_hits += len(blocks) * self.block_size
+        if blocks:
+            self._chain[request_id] = self._hash_of[blocks[-1]]
         return len(blocks) * self.block_size
+
+    def count_query(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Count one request's prefix lookup: its prompt tokens and those found cached. Once per request, at its first
+        admission (vLLM's rule: a return after a preemption, or a retry when blocks ran out, is not a new query)."""
+        if self.prefix_caching:
+            self.prefix_queries += prompt_tokens
+            self.prefix_hits += cached_tokens
 
     def needs_commit(self, request_id: str, computed: int) -> bool:
         """Whether `computed` positions fill a block of the request's not hashed yet (cheap: checked every step)."""
@@ -196,7 +204,8 @@ class BlockPool:
         """Hash the request's blocks that `computed` positions (holding `token_ids`) have filled since last time.
 
         A block whose hash another block already has (two requests computed the same prefix at once) stays
-        unhashed: it is freed, not cached, when its request leaves.
+        unhashed: it is freed, not cached, when its request leaves. The chain goes on past it (a hash depends on the
+        tokens alone), so the request's later blocks are still cached.
         """
         if not self.prefix_caching:
             return
@@ -205,17 +214,15 @@ class BlockPool:
         full = min(computed // size, len(table))
         if full <= done:
             return
-        parent = self._hash_of.get(table[done - 1]) if done else None
-        if done and parent is None:
-            return  # its parent was a duplicate: the chain of hashes stops there
+        parent = self._chain.get(request_id)
         for index in range(done, full):
             parent = block_hash(parent, token_ids[index * size : (index + 1) * size])
-            if parent in self._block_of:
-                self._hashed[request_id] = full  # never looked at again
-                return
-            self._block_of[parent] = table[index]
-            self._hash_of[table[index]] = parent
+            if parent not in self._block_of:
+                self._block_of[parent] = table[index]
+                self._hash_of[table[index]] = parent
         self._hashed[request_id] = full
+        if parent is not None:
+            self._chain[request_id] = parent
 
     # --- for tests and the page ----------------------------------------------------------------------------
     def refs(self, block: int) -> int:

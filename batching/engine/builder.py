@@ -54,6 +54,27 @@ class RequestBuilder:
             raise ValueError(f"prompt token id {bad} is not allowed: ids must be in [0, {vocab})")
         return ids
 
+    def check(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise `ValueError` naming the bad value unless a prompt of `prompt_tokens` and its cap fit the context
+        and the whole KV cache."""
+        if prompt_tokens > self.max_prompt_tokens:
+            raise ValueError(
+                f"prompt has {prompt_tokens} tokens, more than the {self.max_prompt_tokens} allowed: shorten it"
+            )
+        room = self.context_length - prompt_tokens
+        if max_new_tokens > room:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} is too large: the prompt has {prompt_tokens} tokens and "
+                f"the model's context is {self.context_length}{self.context_reason}, so at most {room}"
+            )
+        needed = prompt_tokens + max_new_tokens
+        if self.kv_tokens is not None and needed > self.kv_tokens:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} is too large for the KV cache: the prompt's {prompt_tokens} "
+                f"tokens and the answer need {needed} positions, the whole cache holds {self.kv_tokens}: lower it or "
+                "give the cache more memory"
+            )
+
     def build(
         self,
         prompt: str | Sequence[int],
@@ -62,23 +83,7 @@ class RequestBuilder:
         arrival: float | None = None,
     ) -> Request:
         prompt_ids = self.tokenize(prompt)
-        if len(prompt_ids) > self.max_prompt_tokens:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens, more than the {self.max_prompt_tokens} allowed: shorten it"
-            )
-        room = self.context_length - len(prompt_ids)
-        if params.max_new_tokens > room:
-            raise ValueError(
-                f"max_new_tokens={params.max_new_tokens} is too large: the prompt has {len(prompt_ids)} tokens and "
-                f"the model's context is {self.context_length}{self.context_reason}, so at most {room}"
-            )
-        needed = len(prompt_ids) + params.max_new_tokens
-        if self.kv_tokens is not None and needed > self.kv_tokens:
-            raise ValueError(
-                f"max_new_tokens={params.max_new_tokens} is too large for the KV cache: the prompt's {len(prompt_ids)} "
-                f"tokens and the answer need {needed} positions, the whole cache holds {self.kv_tokens}: lower it or "
-                "give the cache more memory"
-            )
+        self.check(len(prompt_ids), params.max_new_tokens)
         request = Request(request_id=request_id or f"r{next(_ids)}", prompt_ids=prompt_ids, params=params)
         if arrival is not None:
             request.times.arrival = arrival

@@ -192,6 +192,8 @@ class ContinuousScheduler:
                 self.waiting.push_front(request)
                 break
             request.prefilled = cached
+            if not request.preemptions:  # a return after a preemption is not a new query
+                self.pool.count_query(len(ids), cached)
             budget -= first_chunk
             self._order[request.request_id] = next(self._joined)
             self._prompt_blocks[request.request_id] = hashes = self.pool.block_hashes(ids)
@@ -296,7 +298,12 @@ class StaticScheduler:
             longest, largest = max(longest, len(request.prompt_ids)), max(largest, request.max_new_tokens)
             wave.append((request, slot))
         for request, _ in wave:
-            self.pool.grow(request.request_id, longest + largest)
+            # Always room: the wave's first member alone fits a whole pool (every request was checked against it).
+            if not self.pool.grow(request.request_id, longest + largest):
+                raise AssertionError(
+                    f"static wave member {request.request_id} cannot reserve {longest + largest} positions: "
+                    f"{self.pool.available} blocks of {self.pool.block_size} free"
+                )
         return wave
 
     def schedule(self, rows: Sequence[Request]) -> ScheduledBatch:

@@ -41,11 +41,7 @@ class Admission:
 
     def _builder(self, options: BatcherOptions) -> RequestBuilder:
         """What a batcher with `options` accepts (the engine's own checks, run here)."""
-        info = self.lifecycle.info
-        context = min(info.context_length, options.max_seq_len)
-        reason = info.context_reason if context == info.context_length else ""
-        kv_tokens = options.pool_blocks(context, info.kv_bytes_per_token) * options.block_size
-        return RequestBuilder(self.tokenizer, context, options.max_prompt_tokens, reason, kv_tokens)
+        return self.lifecycle.info.geometry.request_builder(self.tokenizer, options)
 
     def submit(self, session: Session, prompt: str | Sequence[int], params: RequestParams) -> Submitted:
         """Check and send a request; raises ValueError (bad input), QueueFullError (limits) or EngineDeadError."""

@@ -164,7 +164,7 @@ class EngineClient:
 
     def load(self, options: BatcherOptions) -> BatcherLoad:
         """What the shared batcher for `options` holds now, from its latest step and the requests still pending."""
-        return self.router.load(options, self.builder(options).context_length)
+        return self.router.load(options, self.builder(options).kv_tokens or 0)
 
     # --- batchers of a client's own (`private`) --------------------------------------------------------------
     def open_private(self, mode: str, options: BatcherOptions) -> PrivateBatcher:

@@ -15,6 +15,7 @@ from batching.arrivals import Schedule
 from batching.engine.batcher import BatcherOptions
 from batching.engine.compiled import CompileState
 from batching.engine.events import Event
+from batching.engine.geometry import PoolGeometry
 from batching.engine.request import Request
 from batching.race import LaneStep
 from config.settings import EngineSettings, ModelSettings, TokenizerSettings
@@ -42,12 +43,10 @@ class EngineInfo:
     num_parameters: int
     device: str
     dtype: str
-    context_length: int
     load_seconds: float
     pid: int
+    geometry: PoolGeometry  # what sizes a batcher's KV pool and bounds its requests (`Admission` checks by it)
     features: str = ""  # the attention features in use, e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
-    context_reason: str = ""  # why the context is shorter than the model's, if it is
-    kv_bytes_per_token: int = 0  # every layer's keys and values for one token (sizes a KV budget given in MiB)
 
 
 # --- client -> engine -----------------------------------------------------------------------------------------

@@ -18,14 +18,8 @@ import torch
 
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.compiled import pause_compiles, use_compile_cache
-from batching.engine.model_support import (
-    UnsupportedModelError,
-    attention_features,
-    check_supported,
-    context_reason,
-    kv_bytes_per_token,
-    model_context_length,
-)
+from batching.engine.geometry import PoolGeometry
+from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
 from batching.engine.params import RequestParams
 from batching.service.core import EngineCore
 from batching.service.messages import EngineConfig, EngineInfo, LoadFailed, Ready, Shutdown
@@ -120,12 +114,10 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         num_parameters=loaded.num_parameters,
         device=str(loaded.device),
         dtype=str(loaded.dtype).removeprefix("torch."),
-        context_length=model_context_length(loaded.model),
         load_seconds=loaded.load_seconds,
         pid=os.getpid(),
         features=attention_features(loaded.model),
-        context_reason=context_reason(loaded.model),
-        kv_bytes_per_token=kv_bytes_per_token(loaded.model),
+        geometry=PoolGeometry.of(loaded.model),
     )
     outputs.send(Ready(info))
     return loaded

@@ -149,7 +149,7 @@ class Router:
         with self.lock:
             return len(self.owner)
 
-    def load(self, options: BatcherOptions, context_length: int) -> BatcherLoad:
+    def load(self, options: BatcherOptions, kv_capacity: int) -> BatcherLoad:
         """What the shared batcher for `options` holds now, from its latest step and the requests still pending."""
         with self.lock:
             pending = sum(1 for rid, owner in self.owner.items() if owner.pending.get(rid) == options)
@@ -163,7 +163,7 @@ class Router:
             waiting=max(pending - running, 0),
             slots=options.max_batch_size,
             kv_tokens=kv_tokens,
-            kv_capacity=options.max_batch_size * context_length,
+            kv_capacity=kv_capacity,
             kv_blocks_in_use=0 if last is None or last.memory is None else last.memory.usage.in_use,
             kv_blocks=0 if last is None or last.memory is None else last.memory.usage.total,
         )

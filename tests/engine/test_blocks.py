@@ -49,8 +49,17 @@ def test_full_blocks_are_hashed_by_their_parent_and_tokens_and_a_prefix_hit_shar
     # A prompt that differs in its second block shares only the first: the hash chains through the parent.
     other = [*prompt[:4], 1, 2, 3, 4, *prompt[8:]]
     assert pool.adopt_prefix("c", other) == 4
-    assert pool.prefix_queries == 33 and pool.prefix_hits == 12
     pool.check()
+
+
+def test_prefix_queries_and_hits_count_what_they_are_told_once() -> None:
+    pool = BlockPool(num_blocks=10, block_size=4)
+    pool.count_query(11, 8)
+    pool.count_query(11, 4)
+    assert (pool.prefix_queries, pool.prefix_hits) == (22, 12)
+    off = BlockPool(num_blocks=10, block_size=4, prefix_caching=False)
+    off.count_query(11, 0)
+    assert (off.prefix_queries, off.prefix_hits) == (0, 0)
 
 
 def test_a_hit_always_leaves_the_last_token_to_compute() -> None:
@@ -93,6 +102,24 @@ def test_two_requests_filling_the_same_block_at_once_keep_one_hash() -> None:
     assert pool.is_cached(pool.tables["a"][0]) and not pool.is_cached(pool.tables["b"][0])
     pool.free("b")
     assert pool.usage().cached == 0
+    pool.check()
+
+
+def test_a_duplicate_block_does_not_stop_the_hash_chain_of_the_blocks_after_it() -> None:
+    pool = BlockPool(num_blocks=8, block_size=2)
+    shared, own = [5, 6], [7, 8, 9]
+    pool.adopt_prefix("a", [*shared, 0])
+    pool.grow("a", 3)
+    pool.commit("a", [*shared, 0], 3)
+    # b computed the same first block beside a (a duplicate), then a second block of its own.
+    tokens = shared + own
+    pool.grow("b", 5)
+    pool.commit("b", tokens, 4)
+    assert not pool.is_cached(pool.tables["b"][0]) and pool.is_cached(pool.tables["b"][1])
+    pool.free("b")
+    # A later request with b's prompt finds both blocks: a's for the first, b's for the second.
+    assert pool.adopt_prefix("c", tokens) == 4
+    assert pool.tables["c"] == [pool.tables["a"][0], pool.tables["c"][1]]
     pool.check()
 
 

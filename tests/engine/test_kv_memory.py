@@ -42,6 +42,8 @@ def test_preemption_when_blocks_run_out_recomputes_and_stays_token_exact(tiny_mo
     assert sum(event.preemptions for event in finished.values()) == len(preempted)
     for step in steps_of(events):
         assert step.memory is not None and step.memory.usage.in_use <= 24
+    memory = steps_of(events)[-1].memory
+    assert memory.prefix_queries == sum(len(p) for p in prompts), "a return after a preemption is a new query"
     assert_every_block_came_back(batcher)
 
 
