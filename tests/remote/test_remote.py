@@ -147,22 +147,18 @@ def test_greedy_answers_are_the_same_in_both_modes(runs: dict[str, RemoteRun]) -
 
 
 def test_continuous_refills_a_lane_at_once_and_static_waits_for_the_whole_wave(runs: dict[str, RemoteRun]) -> None:
+    """Read from the order of the client's own events, whatever the server's speed: static sends its second wave
+    only after the first wave's last answer; continuous sends into the lane #1 (cap 8) freed while the first wave's
+    longest answers still stream. The sampled lane states never show a continuous lane held."""
     for mode, run in runs.items():
         by_number = {int(e.request_id.split("-")[1]): e for e in run.record.finished}
         first_wave_end = max(by_number[n].finished for n in range(1, LANES + 1))
-        first_lane_free = min(by_number[n].finished for n in range(1, LANES + 1))
         second_wave_start = min(by_number[n].admitted for n in range(LANES + 1, len(CAPS) + 1))  # type: ignore[type-var]
-        # The client's clock readings of ends and sends can swap by a fraction of a millisecond (seen in CI both
-        # ways), and a client that fell behind the server reads the whole first wave's ends at one moment: the
-        # check is where the second wave started within the first wave's spread of ends, when there is one.
-        spread = first_wave_end - first_lane_free
-        if spread > 0.005:
-            if mode == "continuous":  # #1 (cap 8) ended long before #2 (cap 48): its lane refilled at once
-                assert second_wave_start < first_lane_free + spread / 2
-            else:
-                assert second_wave_start > first_wave_end - spread / 2
-    held = [step for step in runs["static"].record.steps if step.idle_held]
-    assert held and not any(step.idle_held for step in runs["continuous"].record.steps)
+        if mode == "continuous":
+            assert second_wave_start < first_wave_end  # type: ignore[operator]
+        else:
+            assert second_wave_start >= first_wave_end  # type: ignore[operator]
+    assert not any(step.idle_held for step in runs["continuous"].record.steps)
 
 
 def test_the_server_occupancy_is_polled_from_our_metrics(runs: dict[str, RemoteRun]) -> None:
@@ -184,8 +180,9 @@ def test_remote_runs_feed_the_existing_charts_comparison_and_exports(runs: dict[
     assert list(table.columns) == ["continuous", "static"]
     document = json.loads(export.to_json(records, labels, {}, {"engine": "remote"}))
     assert len(document["runs"]["static"]["requests"]) == len(CAPS) and document["speedup"] > 0
+    # Occupancy is sampled every 0.1 s: a fast server may answer a whole wave between two samples.
     occupancy = charts.occupancy_frame(records["static"])
-    assert set(occupancy["who"]) == {charts.YOURS, charts.HELD}
+    assert set(occupancy["who"]) <= {charts.YOURS, charts.HELD}
     # The client samples what is in flight every 0.1 s: a short answer may start and end between two samples.
     timeline = charts.timeline_frame(records["continuous"], labels)
     assert len(timeline) > 0 and set(timeline["label"]) <= set(labels.values())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import statistics
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import RequestParams, SamplingParams
 from batching.engine.request import FinishReason, Request
@@ -177,17 +177,21 @@ def test_bad_input_is_refused_with_the_engines_message_without_reaching_the_engi
 def test_a_session_that_stops_polling_is_dropped_and_its_requests_cancelled(client) -> None:
     one_slot = BatcherOptions(max_batch_size=1, max_batched_tokens=64)
     gone, idle = client.open_session(one_slot), client.open_session(OPTIONS)
-    started = time.monotonic()
+    silent_since = time.perf_counter()  # no later than the session was last seen (its submits below)
     requests = [gone.submit([5, 6, 7], RequestParams(500, ignore_eos=True)) for _ in range(16)]  # 8,000 steps
-    assert wait_for(lambda: client.in_flight() == 0, SESSION_TIMEOUT_S + 10)
-    ended = time.monotonic() - started
+    assert wait_for(lambda: client.in_flight() == 0, 300)
     assert gone.closed and wait_for(lambda: idle.closed and client.sessions == 0)  # the idle session went too
-    finished = {e.request_id: e for e in gone.poll() if isinstance(e, FinishedEvent)}
-    assert set(finished) == {r.request_id for r in requests}
-    reasons = [e.reason for e in finished.values()]
-    assert set(reasons) <= {FinishReason.LENGTH, FinishReason.CANCELLED}  # done before the tab was declared gone
-    assert reasons.count(FinishReason.CANCELLED) >= 8
-    assert ended < SESSION_TIMEOUT_S + 2.0, f"cancelled {ended:.1f} s after the tab went silent"
+    finished = [e for e in gone.poll() if isinstance(e, FinishedEvent)]
+    assert sorted(e.request_id for e in finished) == sorted(r.request_id for r in requests)  # one finish each
+    # Whatever this machine's speed: requests done before the tab was declared gone ended by their cap, the rest
+    # were cancelled, and none before the session's timeout ran out. The last one cannot finish by itself first
+    # (8,000 steps): a request was cancelled.
+    reasons = [e.reason for e in finished]
+    assert set(reasons) <= {FinishReason.LENGTH, FinishReason.CANCELLED} and FinishReason.CANCELLED in reasons
+    cancelled = [e for e in finished if e.reason is FinishReason.CANCELLED]
+    assert all(e.finished >= silent_since + SESSION_TIMEOUT_S for e in cancelled)
+    by_cap = [e.finished for e in finished if e.reason is FinishReason.LENGTH]
+    assert not by_cap or max(by_cap) <= min(e.finished for e in cancelled)  # the queue's tail was cancelled
 
 
 def test_an_exception_inside_one_request_fails_it_and_the_others_go_on(client, qwen) -> None:
@@ -289,63 +293,36 @@ def test_a_private_replay_counts_only_its_own_steps_while_the_shared_engine_is_b
     assert ratio < 1.5, f"the private clock counted other batchers' steps: {ratio:.2f}x"
 
 
-def page_like_work(stop: threading.Event, client: EngineClient) -> None:
-    """What other tabs' reruns do in the client's process: pure-Python work holding the GIL, plus polling."""
-    session = client.open_session(OPTIONS)
-    while not stop.is_set():
-        rows = [{"step": i, "who": str(i % 7), "slots": i % 8} for i in range(20_000)]
-        sorted(rows, key=lambda row: (row["who"], -row["slots"]))
-        session.poll()
-
-
-def step_median_of(events, skip: int = 10) -> float:
-    steps = [e for e in events if isinstance(e, StepEvent)][skip:]  # decode steps, all eight rows
-    return statistics.median(s.end - s.start for s in steps)
-
-
-STEADY = [(prompt, RequestParams(80, ignore_eos=True)) for prompt in random_prompts(8, vocab=300, seed=3, longest=10)]
-
-
-def shared_step_median(client: EngineClient) -> float:
-    session = client.open_session(OPTIONS)
-    for prompt, params in STEADY:
-        session.submit(prompt, params)
-    return step_median_of(drain(session))
-
-
-def thread_step_median(qwen) -> float:
-    """The same workload on a batcher stepping in a thread of the client's process: the design before this one.
-    Shorter answers (6 tokens: the steps after the first two are decode steps of all eight rows): each of its steps
-    waits its turn for the GIL behind three hammering threads (about 4 s a step here), so 80 tokens took two
-    minutes."""
-    batcher = Batcher(qwen.model, qwen.tokenizer, OPTIONS)
-    for prompt, _ in STEADY:
-        batcher.add(prompt, RequestParams(6, ignore_eos=True))
-    events: list = []
-    thread = threading.Thread(target=lambda: events.extend(batcher.run()))
-    thread.start()
-    thread.join(120)
-    return step_median_of(events, skip=2)
-
-
-def test_shared_step_times_stay_put_while_another_client_hammers_the_client_process(client, qwen) -> None:
-    quiet = shared_step_median(client)
-    stop = threading.Event()
-    hammers = [threading.Thread(target=page_like_work, args=(stop, client), daemon=True) for _ in range(3)]
-    for hammer in hammers:
-        hammer.start()
+def hold_the_gil(seconds: float) -> tuple[float, float]:
+    """Pure-Python work in this thread with thread switches held off, so no other thread of this process (a batcher
+    stepping in a thread, the client's router) runs meanwhile: what a tab's long rerun does at worst. Returns the
+    window, on the monotonic clock every process on this machine reads (`time.perf_counter`)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(seconds * 10)
     try:
-        hammered = shared_step_median(client)
-        in_thread = thread_step_median(qwen)
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            sorted(range(1_000), key=lambda value: -value)
+        return start, time.perf_counter()
     finally:
-        stop.set()
-        for hammer in hammers:
-            hammer.join(10)
-    print(
-        f"\nshared step median: {1000 * quiet:.2f} ms quiet, {1000 * hammered:.2f} ms while the client process is "
-        f"hammered; a batcher in a thread of that process: {1000 * in_thread:.2f} ms"
-    )
-    assert hammered < in_thread, "the engine process was stalled by its client's work, like a thread would be"
+        sys.setswitchinterval(interval)
+
+
+def test_the_engine_steps_on_while_its_client_process_holds_the_gil(client) -> None:
+    """The engine steps in a process of its own: while a thread of the client's process holds the GIL, the engine's
+    steps go on (a batcher in a thread of that process would take none). Counted from the steps' own times, not timed:
+    a StepEvent's start and end come from the engine process's reading of the same monotonic clock."""
+    session = client.open_session(OPTIONS)
+    for prompt in random_prompts(8, vocab=300, seed=3, longest=10):
+        session.submit(prompt, RequestParams(300, ignore_eos=True))
+    seen: list = []
+    assert wait_for(lambda: any(isinstance(e, StepEvent) for e in seen) or bool(seen.extend(session.poll())))
+    start, end = hold_the_gil(1.0)
+    events = seen + drain(session)
+    steps = [event for event in events if isinstance(event, StepEvent)]
+    assert any(start < step.start and step.end < end for step in steps), "no engine step while the GIL was held"
+    finished = [event for event in events if isinstance(event, FinishedEvent)]
+    assert len(finished) == 8 and {event.reason for event in finished} == {FinishReason.LENGTH}
 
 
 def test_kill_9_of_the_engine_process_ends_waiting_requests_and_the_next_call_restarts_it(client, qwen) -> None:
