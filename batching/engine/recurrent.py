@@ -196,6 +196,16 @@ class RecurrentStates:
         for tensor in self.tensors():
             tensor[target].copy_(tensor[source])
 
+    def kept(self, rows: int) -> list[torch.Tensor]:
+        """A copy of the first `rows` rows of every state, for `restore`: a compiled step that fails may have written
+        them, and its eager rerun would advance them a second time (wrong answers, no error)."""
+        return [tensor[:rows].clone() for tensor in self.tensors()]
+
+    def restore(self, kept: list[torch.Tensor]) -> None:
+        """Put back the rows `kept` copied."""
+        for tensor, copy in zip(self.tensors(), kept, strict=True):
+            tensor[: copy.shape[0]].copy_(copy)
+
     def select(self, layer: int, rows: torch.Tensor | slice, fresh: bool) -> None:
         """The rows the next mixer call of `layer` runs: views for a slice, copies for an index (see `commit`)."""
         if isinstance(rows, slice):

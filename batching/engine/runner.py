@@ -511,11 +511,16 @@ class ModelRunner:
             bucket = compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
             step = compiler.step()
             if step is not None:
+                states = self.cache.recurrent_states
+                kept = states.kept(len(tokens)) if states is not None else None
                 try:
                     logits = self._decode_with(tokens, positions, slots, step, bucket)
                 except Exception as exc:  # e.g. a guard failed and dynamo could not re-trace: no request pays for it
-                    # Rerunning eager is safe: the cache's lengths move only after a step, and its writes repeat.
+                    # Rerunning eager is safe: the cache's lengths move only after a step, and its writes repeat;
+                    # a hybrid's states, which the step advances, are put back as they were before it.
                     compiler.fail(exc, "a compiled decode step failed")
+                    if states is not None and kept is not None:
+                        states.restore(kept)
                 else:
                     self.compiled_steps += 1
                     self.last_compiled = True

@@ -35,8 +35,8 @@ _NATIVE_ATTENTION: dict[int, str] = {}
 
 
 @cache
-def loaded(folder: str) -> LoadedModel:
-    model = load_model(ModelSettings(name_or_path=folder, device="cpu", dtype="float32"))
+def loaded(folder: str, dtype: str = "float32") -> LoadedModel:
+    model = load_model(ModelSettings(name_or_path=folder, device="cpu", dtype=dtype))
     _NATIVE_ATTENTION[id(model.model)] = model.model.config._attn_implementation
     return model
 
@@ -51,17 +51,25 @@ def _reference(model, prompt_ids: tuple[int, ...], max_new_tokens: int, ignore_e
     # generate() fills unset values from the model's own generation config, so EOS is switched off there.
     eos = model.generation_config.eos_token_id
     model.generation_config.eos_token_id = None if ignore_eos else eos
-    engine_attention = model.config._attn_implementation
-    model.set_attn_implementation(_NATIVE_ATTENTION.get(id(model), engine_attention))
     try:
-        with torch.inference_mode():
+        with native_attention(model), torch.inference_mode():
             output = model.generate(
                 torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, attention_mask=None
             )
     finally:
         model.generation_config.eos_token_id = eos
-        model.set_attn_implementation(engine_attention)
     return tuple(output[0, len(prompt_ids) :].tolist())
+
+
+@contextlib.contextmanager
+def native_attention(model) -> Iterator[None]:
+    """The model on the attention it was loaded with (`loaded`), not the engine's, for a reference run."""
+    engine_attention = model.config._attn_implementation
+    model.set_attn_implementation(_NATIVE_ATTENTION.get(id(model), engine_attention))
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(engine_attention)
 
 
 def random_prompts(count: int, vocab: int, seed: int, longest: int = 40) -> list[list[int]]:

@@ -4,6 +4,8 @@ value head size other than the keys'; and which models take it."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,8 +17,12 @@ from transformers import AutoModelForCausalLM
 
 from batching.engine import paged_decode
 from batching.engine.attention import RowMask, attend
+from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.events import StepEvent
 from batching.engine.kv_cache import gather_blocks
-from tests.engine.helpers import loaded
+from batching.engine.params import RequestParams
+from tests.engine.helpers import loaded, reference
+from tests.tiny_models import TINY_CONFIGS, save_tiny_models
 
 BLOCK = 16
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +100,8 @@ def test_plain_float32_families_on_the_cpu_take_it_and_the_others_gather(tiny_mo
 def test_a_lock_file_a_killed_build_left_is_cleared_and_the_operator_loads(tmp_path) -> None:
     """torch's builder waits with no end while its `lock` file exists, and a process killed while building or
     loading (Ctrl-C on a first start) leaves it: without the clearing, this load never returns."""
-    folder = tmp_path / "batchscope_paged_decode"
+    name = paged_decode.build_target()[0]
+    folder = tmp_path / name
     folder.mkdir()
     (folder / "lock").touch()
     script = "from batching.engine import paged_decode; print(paged_decode.load())"
@@ -107,4 +114,77 @@ def test_a_lock_file_a_killed_build_left_is_cleared_and_the_operator_loads(tmp_p
         pytest.fail("the load waited on the dead build's lock file")
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
     assert "left by a build that was stopped" in done.stderr
-    assert not (folder / "lock").exists() and (folder / "batchscope_paged_decode.so").exists()
+    assert not (folder / "lock").exists() and (folder / f"{name}.so").exists()
+
+
+def test_a_build_is_named_for_the_instruction_sets_it_holds_never_for_whatever_machine_built_it() -> None:
+    builds = {capability: paged_decode.build_target(capability) for capability in ("AVX512", "AVX2", "DEFAULT")}
+    names = [name for name, _ in builds.values()]
+    assert [name.split("_")[3] for name in names] == ["avx512", "avx2", "base"] and len(set(names)) == 3
+    assert all("-march=native" not in flags for _, flags in builds.values())
+    assert [any(flag.startswith("-mavx512") for flag in flags) for _, flags in builds.values()] == [True, False, False]
+    assert not any(flag.startswith("-mavx") for flag in builds["DEFAULT"][1])
+    assert paged_decode.build_target("VSX") == builds["DEFAULT"]  # a capability without flags of its own: the base
+    assert paged_decode.build_target() == paged_decode.build_target(torch.backends.cpu.get_cpu_capability())
+
+
+_LOAD_FOR_AVX2 = """
+import json, os, torch
+from batching.engine import paged_decode
+loaded = paged_decode.load()
+maps = open("/proc/self/maps").read()
+libraries = sorted({line.split()[-1] for line in maps.splitlines() if "batchscope_paged_decode" in line})
+print(json.dumps([loaded, torch.backends.cpu.get_cpu_capability(), libraries]))
+"""
+
+
+def test_a_build_made_for_other_instruction_sets_is_never_loaded(tmp_path) -> None:
+    """A shared extension cache holding the AVX-512 build, and one from before builds were named for their target,
+    both planted as files that cannot load: a process on an AVX2 CPU (torch told so by ATEN_CPU_CAPABILITY) builds
+    and loads its own, which holds no AVX-512 instruction."""
+    planted = {}
+    for name in (paged_decode.build_target("AVX512")[0], "batchscope_paged_decode"):
+        (tmp_path / name).mkdir()
+        planted[name] = tmp_path / name / f"{name}.so"
+        planted[name].write_bytes(b"an AVX-512 build: SIGILL on this CPU")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "ATEN_CPU_CAPABILITY": "avx2"}
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_FOR_AVX2], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded_it, capability, libraries = json.loads(done.stdout.strip().splitlines()[-1])
+    name = paged_decode.build_target(capability)[0]
+    assert loaded_it and libraries == [str(tmp_path / name / f"{name}.so")], done.stderr[-3000:]
+    assert all(path.read_bytes().startswith(b"an AVX-512 build") for path in planted.values())
+    code = subprocess.run(["objdump", "-d", libraries[0]], capture_output=True, text=True, check=True).stdout
+    assert "%zmm" not in code  # capability: AVX2 on an x86 CPU that has it; elsewhere torch's own, without AVX-512
+    assert ("%ymm" in code) is (capability == "AVX2")  # an AVX2 build's vectors; none in a base build
+
+
+def test_a_build_that_fails_leaves_compiled_steps_on_the_gathered_path_token_for_token(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An extension cache that cannot be written (its folder is a file): the build fails, the decode graph is made
+    on the gathered path, and every answer equals `generate`."""
+    (tmp_path / "extensions").write_text("not a folder")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setattr(paged_decode, "_state", {})  # this process loaded it already (the fixture above)
+    # A model of its own: its graph is made here, with the operator not loaded.
+    model = loaded(str(save_tiny_models(tmp_path, {"llama": TINY_CONFIGS["llama"]})["llama"]))
+    options = BatcherOptions(
+        max_batch_size=2, max_batched_tokens=16, max_seq_len=96, compile_steps=True, compile_autotune=False
+    )
+    batcher = Batcher(model.model, model.tokenizer, options)
+    assert batcher.runner.reads_through_tables  # a family that reads through the tables where the operator loads
+    compiler = batcher.runner.compiler
+    with caplog.at_level(logging.WARNING, logger="batching.engine.paged_decode"):
+        assert compiler is not None and compiler.compile_now() is not None
+    assert not paged_decode.ready()
+    (line,) = [record.getMessage() for record in caplog.records if record.name == "batching.engine.paged_decode"]
+    assert line.startswith("paged decode attention unavailable, steps gather blocks: ")
+    prompts, cap = [[5, 6, 7, 8], [9, 10, 11]], 30
+    requests = [batcher.add(prompt, RequestParams(cap, ignore_eos=True)) for prompt in prompts]
+    steps = [event for event in batcher.run() if isinstance(event, StepEvent)]
+    assert sum(step.compiled for step in steps) >= cap - 2 and not batcher.runner.cache.plan.paged
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert request.output_ids == reference(model.model, prompt, cap, ignore_eos=True)
