@@ -20,13 +20,29 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
 from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
-from batching.engine.events import Event, FinishedEvent, MemoryView, PreemptedEvent, StepEvent, StepRow, TokenEvent
+from batching.engine.events import (
+    Event,
+    FinishedEvent,
+    MemoryView,
+    PreemptedEvent,
+    StepEvent,
+    StepRow,
+    TokenEvent,
+    Waiting,
+)
 from batching.engine.geometry import PoolGeometry
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request, RequestState
 from batching.engine.runner import ModelRunner
 from batching.engine.sampling import RequestSampler, greedy_tokens, sampler_for
-from batching.engine.scheduler import ContinuousScheduler, ScheduledBatch, Scheduler, StaticScheduler, check_policy
+from batching.engine.scheduler import (
+    ContinuousScheduler,
+    ScheduledBatch,
+    Scheduler,
+    StaticScheduler,
+    check_admission,
+    check_policy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +61,7 @@ class BatcherOptions:
     max_batch_size: int = 8
     max_batched_tokens: int = 512
     policy: str = "fcfs"
+    admission: str = "preempt"  # continuous batching's use of KV blocks: "preempt" (vLLM) or "reserve" (see ADMISSIONS)
     max_seq_len: int = 2048
     max_prompt_tokens: int = 512
     step_detail: bool = True  # each StepEvent lists its rows (the step inspector's data); off for lean benchmarks
@@ -67,6 +84,7 @@ class BatcherOptions:
                 f"{self.max_batch_size}, so prompts still get prefilled while every slot decodes"
             )
         check_policy(self.policy)
+        check_admission(self.admission)
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size={self.block_size} is not allowed: choose one of {BLOCK_SIZES}")
         given = {"kv_blocks": self.kv_blocks, "kv_cache_tokens": self.kv_cache_tokens, "kv_cache_mb": self.kv_cache_mb}
@@ -88,6 +106,7 @@ class _Layout:
     prefill: int
     decode: int
     rows: tuple[StepRow, ...]
+    waiting: tuple[Waiting, ...]
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -135,7 +154,9 @@ class Batcher:
         self.pool = BlockPool(self.geometry.pool_blocks(options), options.block_size, prefix_caching)
         self.scheduler: Scheduler
         if mode == "continuous":
-            self.scheduler = ContinuousScheduler(options.max_batched_tokens, self.pool, options.policy)
+            self.scheduler = ContinuousScheduler(
+                options.max_batched_tokens, self.pool, options.policy, options.admission
+            )
         else:
             self.scheduler = StaticScheduler(pad_token_id, self.pool)
         self.preemptions = 0
@@ -232,6 +253,7 @@ class Batcher:
             prefill=prefill,
             decode=decode,
             rows=batch.rows() if self.options.step_detail else (),
+            waiting=self.scheduler.waiting_now(batch),
         )
 
     def _step_event(self, layout: _Layout, *, start: float, end: float) -> StepEvent:
@@ -248,6 +270,7 @@ class Batcher:
             mask=self.runner.last_mask,  # None without step detail
             compiled=self.runner.last_compiled,
             memory=self.memory_view(),
+            waiting=layout.waiting,
         )
 
     def memory_view(self) -> MemoryView:
