@@ -13,10 +13,10 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app.prompt_queue import PromptQueue
 from app.sidebar import Choices
-from batching.engine.batcher import BatcherOptions
 from batching.engine.builder import RequestBuilder
 from batching.engine.compiled import CompileState
 from batching.engine.model_support import UnsupportedModelError
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.serve.server import BackgroundServer, start_background
 from batching.service import EngineClient, EngineConfig, EngineInfo

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from app.frame import Frame
 from batching.arrivals import Schedule
-from batching.engine.batcher import BatcherOptions
+from batching.engine.options import BatcherOptions
 
 
 class FollowedRun(Protocol):

@@ -11,7 +11,7 @@ from app.frame import Frame
 from app.prompt_queue import PromptQueue
 from app.race_view import RaceRun
 from app.runs import ViewRunBase, engine_setup
-from batching.engine.batcher import BatcherOptions
+from batching.engine.options import BatcherOptions
 from batching.service import RaceHandle
 
 KEY = "race_run"

@@ -15,8 +15,8 @@ from app.live_run import REPLAY_ORDER, LiveRun
 from app.prompt_queue import PromptQueue
 from app.runs import ViewRunBase, engine_setup
 from app.streaming import Stream, join_new_items
-from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent
+from batching.engine.options import BatcherOptions
 from batching.service import EngineClient, Session
 
 KEY = "shared_run"

@@ -52,10 +52,11 @@ from batching.bench.workloads import (
     random_workload,
 )
 from batching.engine.batcher import MODES as BATCHER_MODES
-from batching.engine.batcher import Batcher, BatcherOptions, eos_token_ids
+from batching.engine.batcher import Batcher, eos_token_ids
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.geometry import PoolGeometry
 from batching.engine.model_support import UnsupportedModelError, check_supported
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request
 from batching.engine.scheduler import POLICIES

@@ -25,8 +25,8 @@ import transformers
 
 from batching.bench.cli import BAD_INPUT, build_parser, check_flags, load, make_plan, median_run, run_all
 from batching.bench.report import _fmt, _table, mode_report
-from batching.engine.batcher import BatcherOptions
 from batching.engine.geometry import PoolGeometry
+from batching.engine.options import BatcherOptions
 from config.settings import load_settings
 from model.loader import LoadedModel
 from utils.export import json_safe

@@ -10,8 +10,8 @@ from typing import Protocol
 
 from batching.arrivals import Schedule
 from batching.bench.workloads import Workload
-from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent
+from batching.engine.options import BatcherOptions
 from batching.runs import RunRecord
 
 

@@ -24,7 +24,7 @@ import transformers
 from batching.arrivals import Schedule
 from batching.bench.cli import benchmark, build_parser
 from batching.bench.workloads import load_workload
-from batching.engine.batcher import BatcherOptions
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.race import RACE_MODES, LaneStep
 from batching.runs import RunRecord

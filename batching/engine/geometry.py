@@ -8,7 +8,6 @@ the benchmark. One recipe, so a request any of them accepts fits the pool the ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -19,9 +18,7 @@ from batching.engine.model_support import (
     model_context_length,
     recurrent_state_bytes,
 )
-
-if TYPE_CHECKING:  # the batcher's options; the batcher imports this module
-    from batching.engine.batcher import BatcherOptions
+from batching.engine.options import BatcherOptions
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batching.engine.batcher import BatcherOptions
 from batching.engine.events import Event, FinishedEvent, PreemptedEvent, StepEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.serve.metrics import ApiMetrics
 from batching.service import BatcherLoad, EngineClient, Session, Submitted

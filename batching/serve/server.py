@@ -15,8 +15,8 @@ from typing import NoReturn
 
 import uvicorn
 
-from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams, SamplingParams
 from batching.serve.app import ApiConfig, create_app
 from batching.serve.gateway import Gateway

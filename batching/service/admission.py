@@ -13,8 +13,8 @@ from functools import cache
 
 from transformers import PreTrainedTokenizerBase
 
-from batching.engine.batcher import BatcherOptions
 from batching.engine.builder import RequestBuilder
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.service.handles import EngineDeadError, QueueFullError, Session, Submitted
 from batching.service.lifecycle import EngineLifecycle

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import BatcherOptions
 from batching.engine.builder import RequestBuilder
 from batching.engine.compiled import CompileState
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.service.admission import Admission
 from batching.service.handles import BatcherLoad, Item, PrivateBatcher, RaceHandle, Session, Submitted

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.compiled import CompileState, compile_state
 from batching.engine.events import Event, FinishedEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.request import FinishReason, Request
 from batching.race import RACE_MODES, LaneStep, Race
 from batching.runs import ScheduledRun, StepClock

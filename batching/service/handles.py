@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import BatcherOptions
 from batching.engine.events import Event
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.race import LaneStep
 from batching.runs import RunRecord

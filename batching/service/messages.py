@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import BatcherOptions
 from batching.engine.compiled import CompileState
 from batching.engine.events import Event
 from batching.engine.geometry import PoolGeometry
+from batching.engine.options import BatcherOptions
 from batching.engine.request import Request
 from batching.race import LaneStep
 from config.settings import EngineSettings, ModelSettings, TokenizerSettings

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import MODES, BatcherOptions
+from batching.engine.batcher import MODES
+from batching.engine.options import BatcherOptions
 from batching.engine.request import Request
 from batching.race import check_pause
 from batching.service.admission import Admission

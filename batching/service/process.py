@@ -16,10 +16,11 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.compiled import pause_compiles, use_compile_cache
 from batching.engine.geometry import PoolGeometry
 from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.service.core import EngineCore
 from batching.service.messages import EngineConfig, EngineInfo, LoadFailed, Ready, Shutdown

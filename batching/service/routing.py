@@ -11,8 +11,8 @@ import itertools
 import threading
 import time
 
-from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent, RowKind, StepEvent
+from batching.engine.options import BatcherOptions
 from batching.service.core import failed
 from batching.service.handles import BatcherLoad, EngineDeadError, PrivateBatcher, RaceHandle, Session
 from batching.service.lifecycle import Routed

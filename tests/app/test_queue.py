@@ -11,8 +11,9 @@ import pytest
 
 from app.live_run import CURSOR, LiveRun, request_sampling
 from app.prompt_queue import PromptQueue, QueueError, has_edits
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
 from batching.runs import RunRecord, ScheduledRun

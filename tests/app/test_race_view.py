@@ -11,8 +11,9 @@ from app.live_run import CURSOR
 from app.race_view import RaceRun
 from app.streaming import RaceStream, shown
 from batching.arrivals import Schedule
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.builder import RequestBuilder
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.race import LaneStep, Race
 from batching.runs import StepClock

@@ -13,7 +13,7 @@ import pytest
 from app.live_run import CURSOR, LiveRun
 from app.prompt_queue import PromptQueue
 from app.streaming import CHART_COST_FACTOR, Redraw, Stream, join_new_items
-from batching.engine.batcher import BatcherOptions
+from batching.engine.options import BatcherOptions
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
 from batching.service import EngineClient, EngineConfig

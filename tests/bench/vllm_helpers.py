@@ -13,8 +13,9 @@ import torch
 
 from batching.bench.serve_peer import Load, running_server, server_specs
 from batching.bench.vllm_server import NOT_INSTALLED, find_python
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.events import FinishedEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from config.settings import load_settings
 from tests.engine.helpers import loaded

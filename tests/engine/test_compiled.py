@@ -21,7 +21,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import LlamaForCausalLM
 
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.compiled import (
     StepCompiler,
     background_compile_running,
@@ -30,6 +30,7 @@ from batching.engine.compiled import (
     pause_compiles,
 )
 from batching.engine.events import Event, StepEvent, TokenEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.engine.runner import ModelRunner

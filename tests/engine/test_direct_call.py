@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.direct_call import DirectCall, recipe_for
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.runner import DIRECT_CHECKS
 from tests.engine.helpers import loaded, random_prompts, reference, run_with_late_arrivals

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.detokenizer import IncrementalDetokenizer
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams, SamplingParams
 from batching.engine.request import FinishReason
 from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, steps_of

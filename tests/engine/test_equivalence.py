@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from batching.engine.batcher import MODES, Batcher, BatcherOptions
+from batching.engine.batcher import MODES, Batcher
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals
 

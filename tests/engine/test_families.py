@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from batching.engine.batcher import MODES, Batcher, BatcherOptions
+from batching.engine.batcher import MODES, Batcher
 from batching.engine.events import Event, FinishedEvent, RowKind
 from batching.engine.model_support import UnsupportedModelError, attention_features, model_context_length
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from tests.engine.families import FAMILIES, ORIGINAL_CONTEXT, WINDOW
 from tests.engine.helpers import (

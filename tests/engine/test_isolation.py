@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batching.engine.batcher import MODES, Batcher, BatcherOptions
+from batching.engine.batcher import MODES, Batcher
 from batching.engine.events import FinishedEvent
 from batching.engine.geometry import PoolGeometry
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams, SamplingParams
 from batching.engine.request import FinishReason
 from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference

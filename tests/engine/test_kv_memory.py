@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.events import PreemptedEvent, StepEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals, steps_of
 

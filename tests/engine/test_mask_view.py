@@ -11,7 +11,7 @@ from transformers import AttentionInterface
 
 import batching.engine.paged_decode as paged_decode
 from batching.engine.attention import ATTENTION_NAME, PackedPlan, packed_attention
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.events import StepEvent
 from batching.engine.mask_view import (
     ALLOWED,
@@ -23,6 +23,7 @@ from batching.engine.mask_view import (
     cell_kinds,
     row_cells,
 )
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from tests.engine.families import FAMILIES, WINDOW
 from tests.engine.helpers import loaded

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from batching.engine import recurrent
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.model_support import kv_bytes_per_token, recurrent_state_bytes
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.recurrent import RecurrentStates, recurrent_layout
 from tests.engine.families import FAMILIES

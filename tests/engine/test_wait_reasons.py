@@ -58,7 +58,7 @@ def test_a_request_sharing_a_prefix_being_computed_waits_for_it(tiny_model_dirs)
     system = list(range(40, 80))
     options = BatcherOptions(max_batch_size=4, max_batched_tokens=256, block_size=8)
     batcher = Batcher(model.model, model.tokenizer, options)
-    first, second = (batcher.add([*system, tail], _params(4)) for tail in (9, 10))
+    _, second = (batcher.add([*system, tail], _params(4)) for tail in (9, 10))
     steps = steps_of(list(batcher.run()))
     assert _reasons(steps[0]) == {second.request_id: WaitReason.PREFIX_PENDING}
     assert second.request_id in {row.request_id for row in steps[1].rows}

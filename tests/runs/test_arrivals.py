@@ -8,8 +8,9 @@ import pytest
 
 from batching.arrivals import AT_ONCE, PER_STEP, TIMED, ArrivalDriver, Schedule
 from batching.bench.workloads import Workload, WorkloadRequest
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.events import StepEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.runs import drive
 from config.settings import ModelSettings

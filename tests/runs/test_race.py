@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.builder import RequestBuilder
 from batching.engine.events import FinishedEvent, StepEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.race import Race, check_pause

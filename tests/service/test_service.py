@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams, SamplingParams
 from batching.engine.request import FinishReason, Request
 from batching.service import EngineClient, EngineConfig, EngineDeadError, QueueFullError

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import BatcherOptions
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.race import LaneStep

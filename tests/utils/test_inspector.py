@@ -7,9 +7,10 @@ import math
 import pytest
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.events import RowKind, StepEvent
 from batching.engine.mask_view import ALLOWED, cell_kinds
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.runs import RunRecord, ScheduledRun
 from tests.engine.helpers import loaded

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import Batcher
 from batching.engine.blocks import PoolUsage
 from batching.engine.events import MemoryView, StepEvent
+from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.runs import RunRecord
 from tests.engine.helpers import loaded
