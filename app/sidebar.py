@@ -211,16 +211,18 @@ class SchedulerKnobs:
     admission: str
 
 
-def scheduler_knobs(controls: DeltaGenerator, settings: Settings, slots: int) -> SchedulerKnobs:
-    """The knobs that decide who waits, each named as vLLM names it, for the race's lanes."""
+def scheduler_knobs(controls: DeltaGenerator, settings: Settings) -> SchedulerKnobs:
+    """The knobs that decide who waits, each named as vLLM names it, for the race's lanes (the budget's least is one
+    more than the most slots the batch-size slider offers, so moving that slider never resets this one)."""
     batching = settings.batching
+    least = max(16, batching.max_batch_size) + 1
     with controls:
         st.header("Scheduler")
         budget = st.slider(
             "Token budget per step",
-            slots + 1,
+            least,
             max(2048, batching.max_batched_tokens),
-            max(batching.max_batched_tokens, slots + 1),
+            max(batching.max_batched_tokens, least),
             key="token_budget",
             help="vLLM's max_num_batched_tokens: prompt and decode tokens one step may compute. It is also the chunk "
             "size of chunked prefill: a long prompt is cut into chunks of what is left after the decode rows.",

@@ -22,7 +22,7 @@ from utils.inspector import waste_meters
 
 frame = current_frame()
 pause_ms = slow_motion(frame.controls)
-knobs = scheduler_knobs(frame.controls, frame.settings, frame.options.max_batch_size)
+knobs = scheduler_knobs(frame.controls, frame.settings)
 kv_tokens = kv_memory(frame.controls, race.kv_default(frame, knobs.block_size), knobs.block_size)
 queue = queue_section(frame)
 kept: race.RaceViewRun | None = st.session_state.get(race.KEY)
