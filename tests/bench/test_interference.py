@@ -16,7 +16,7 @@ def test_a_smaller_budget_computes_the_long_prompt_in_more_steps(tiny_model_dirs
             "--model",
             str(tiny_model_dirs["llama"]),
             "--budgets",
-            "64,16",
+            "128,16",
             "--prompt-tokens",
             "60",
             "--repeat",
