@@ -27,9 +27,9 @@ CAPTIONS = {
         "another request is computing, preempted, or a static wave still running."
     ),
     "interference": (
-        "Each request's gap between two tokens (inter-token latency) over the run; orange rules mark the steps that "
-        "computed prompt chunks. A long prompt landing in one step stalls every decoding request for that step: a "
-        "smaller token budget cuts it into chunks and the stall shrinks."
+        "Each request's inter-token gap over the run (the time between two of its answer's pieces); orange rules "
+        "mark the steps that computed prompt chunks. A long prompt landing in one step stalls every decoding request "
+        "for that step: a smaller token budget cuts it into chunks and the stall shrinks."
     ),
 }
 

@@ -76,7 +76,7 @@ def step_section(step: StepEvent, labels: dict[str, str], decode: Decode) -> Non
     st.html(packed_sequence_html(packed_tokens(step, labels, decode)))
     if step.waiting:
         st.markdown(f"**{len(step.waiting)} waiting this step, and why**")
-        st.dataframe(step_waiting_frame(step, labels), hide_index=True, width="stretch")
+        st.table(step_waiting_frame(step, labels).set_index("request"))
     else:
         st.caption("No request waited this step.")
 

@@ -30,7 +30,7 @@ def numbers_section(
     elif race is not None:
         st.info("No speed-up: the race was stopped or some prompts did not finish; the figures cover what ran.")
     st.dataframe(export.comparison_frame(summaries, meters), width="content")
-    st.dataframe(wait_reasons_frame(runs), width="content")
+    st.table(wait_reasons_frame(runs))
     notes = [
         "Latency counts from when a request arrived; occupancy is working slots ÷ batch size, averaged over steps."
     ]

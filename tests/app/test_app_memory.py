@@ -103,6 +103,6 @@ def test_the_scheduler_knobs_reach_the_lanes_and_the_strip_names_why_each_reques
         waited = {(row.step, row.request_id) for row in strip.itertuples() if row.state in WAIT_STATES}
         want = {(n, w.request_id) for n, step in enumerate(runs[mode].steps, start=1) for w in step.waiting}
         assert waited == want and want, mode
-    table = next(frame.value for frame in at.dataframe if frame.value.index.name == WAIT_TABLE)
+    table = next(frame.value for frame in at.table if frame.value.index.name == WAIT_TABLE)
     assert table.columns.tolist() == ["continuous", "static"]
     assert table.loc["static wave running", "static"] > 0 and table.loc["static wave running", "continuous"] == 0
