@@ -195,6 +195,61 @@ def remote_server_choice(settings: Settings, controls: DeltaGenerator) -> Remote
     return RemoteChoice(endpoint, model, api, remote.telemetry_interval_s, problem)
 
 
+ADMISSION_NAMES = {
+    "preempt": "admit by need, preempt when blocks run out (vLLM)",
+    "reserve": "reserve prompt + cap, never preempt (TensorRT-LLM)",
+}
+BLOCK_SIZE_CHOICES = (4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class SchedulerKnobs:
+    """The scheduler's knobs a race is run with: the per-step token budget, the KV block size, the admission policy."""
+
+    token_budget: int
+    block_size: int
+    admission: str
+
+
+def scheduler_knobs(controls: DeltaGenerator, settings: Settings) -> SchedulerKnobs:
+    """The knobs that decide who waits, each named as vLLM names it, for the race's lanes (the budget's least is one
+    more than the most slots the batch-size slider offers, so moving that slider never resets this one)."""
+    batching = settings.batching
+    least = max(16, batching.max_batch_size) + 1
+    with controls:
+        st.header("Scheduler")
+        budget = st.slider(
+            "Token budget per step",
+            least,
+            max(2048, batching.max_batched_tokens),
+            max(batching.max_batched_tokens, least),
+            key="token_budget",
+            help="vLLM's max_num_batched_tokens: prompt and decode tokens one step may compute. It is also the chunk "
+            "size of chunked prefill: a long prompt is cut into chunks of what is left after the decode rows.",
+        )
+        sizes = sorted({*BLOCK_SIZE_CHOICES, batching.block_size})
+        block_size = st.select_slider(
+            "KV block size (positions)",
+            sizes,
+            batching.block_size,
+            key="block_size",
+            help="vLLM's block_size: KV positions per block. Smaller blocks waste less of a request's last block, "
+            "larger ones share prefixes in coarser steps.",
+        )
+        admissions = list(ADMISSION_NAMES)
+        admission: str = st.radio(
+            "Admission policy",
+            admissions,
+            index=admissions.index(batching.admission),
+            format_func=ADMISSION_NAMES.__getitem__,
+            key="admission",
+            help="Continuous lane only. vLLM admits a request when its first chunk's blocks are free and preempts the "
+            "newest when a running one needs a block; TensorRT-LLM's guaranteed-no-evict reserves the prompt and "
+            "the cap at admission: fewer rows at once, never a preemption.",
+        )
+    return SchedulerKnobs(int(budget), int(block_size), admission)
+
+
 def kv_memory(controls: DeltaGenerator, default: int, block_size: int) -> int:
     """The KV memory of each race lane, in token positions (the same pool size for both): squeeze it to watch
     static waves shrink and continuous batching preempt."""

@@ -18,6 +18,7 @@ ENV_FILE = ".env"  # in the working folder
 ENV_FILE_ENCODING = "utf-8"
 
 Policy = Literal["fcfs", "shortest-first", "longest-first"]
+Admission = Literal["preempt", "reserve"]
 # The Q/A format the embedded model was trained on (model.prompting fills it).
 DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly customer-support assistant for an online shop. Answer the customer's question."
@@ -75,6 +76,12 @@ class BatchingSettings(BaseModel):
     max_batch_size: int = Field(8, ge=1, le=256, description="slots: requests decoded together")
     max_batched_tokens: int = Field(512, ge=16, le=65536, description="prefill + decode tokens per step")
     policy: Policy = "fcfs"
+    admission: Admission = Field(
+        "preempt",
+        description="continuous batching's KV blocks: preempt (admit by the prompt's first chunk, preempt the newest "
+        "when blocks run out, as vLLM) or reserve (prompt + cap at admission, never preempt, as TensorRT-LLM's "
+        "guaranteed-no-evict)",
+    )
     max_seq_len: int = Field(2048, ge=16, le=131072, description="prompt + new tokens per request")
     kv_cache_tokens: int | None = Field(
         1024,

@@ -155,7 +155,7 @@ def latency_bars_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 def latency_chart(frame: pd.DataFrame, title: str = "Latency per request", x_max: float | None = None) -> alt.Chart:
     """Horizontal bars per request on a time axis: the wait for the first token, then the streaming."""
-    order = sorted(frame["request"].unique(), key=_label_key)
+    order = sorted(frame["request"].unique(), key=label_key)
     x_scale = alt.Scale(domain=[0, x_max]) if x_max else alt.Undefined
     return (
         alt.Chart(frame)
@@ -218,6 +218,6 @@ def timeline_chart(
     return alt.layer(bars, text).properties(title=title, height=alt.Step(22))
 
 
-def _label_key(label: str) -> tuple[int, str]:
+def label_key(label: str) -> tuple[int, str]:
     digits = label.lstrip("#")
     return (int(digits), "") if digits.isdigit() else (10**9, label)

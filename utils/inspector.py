@@ -200,6 +200,19 @@ def step_rows_frame(step: StepEvent, labels: Mapping[str, str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["request", "slot", "kind", "tokens", "padding", "positions", "packed"])
 
 
+def step_waiting_frame(step: StepEvent, labels: Mapping[str, str]) -> pd.DataFrame:
+    """The requests that computed nothing in one step, and why (a preempted one with its tokens to compute again)."""
+    rows = [
+        {
+            "request": labels.get(waiting.request_id, OTHERS),
+            "why it waited": waiting.reason.value,
+            "tokens to compute again": waiting.recompute or None,
+        }
+        for waiting in step.waiting
+    ]
+    return pd.DataFrame(rows, columns=["request", "why it waited", "tokens to compute again"])
+
+
 def packed_tokens(
     step: StepEvent, labels: Mapping[str, str], decode: Callable[[Sequence[int]], str]
 ) -> list[tuple[str, str]]:

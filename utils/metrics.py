@@ -8,7 +8,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from batching.engine.events import WaitReason
 from batching.runs import RunRecord
+
+# A column per wait reason in the steps table and exports: "wait_no_slot", "wait_token_budget", ...
+WAIT_COLUMNS = {reason: f"wait_{reason.name.lower()}" for reason in WaitReason}
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -88,6 +92,8 @@ def steps_frame(run: RunRecord) -> pd.DataFrame:
             "prefill_tokens": event.prefill_tokens,
             "decode_tokens": event.decode_tokens,
             "compiled": event.compiled,
+            "waiting": len(event.waiting),
+            **_wait_counts(event.waiting),
         }
         for event in run.steps
     ]
@@ -105,8 +111,34 @@ def steps_frame(run: RunRecord) -> pd.DataFrame:
             "prefill_tokens",
             "decode_tokens",
             "compiled",
+            "waiting",
+            *WAIT_COLUMNS.values(),
         ],
     )
+
+
+def _wait_counts(waiting: Sequence) -> dict[str, int]:
+    counts = dict.fromkeys(WAIT_COLUMNS.values(), 0)
+    for entry in waiting:
+        counts[WAIT_COLUMNS[entry.reason]] += 1
+    return counts
+
+
+def wait_reason_counts(run: RunRecord) -> dict[str, int]:
+    """Request-steps spent waiting, by reason (a request waiting 3 steps for a slot counts 3), every reason listed."""
+    counts = dict.fromkeys((reason.value for reason in WaitReason), 0)
+    for step in run.steps:
+        for entry in step.waiting:
+            counts[entry.reason.value] += 1
+    return counts
+
+
+def wait_reasons_frame(runs: dict[str, RunRecord]) -> pd.DataFrame:
+    """One row per wait reason, one column per run: request-steps spent waiting for it."""
+    table = {mode: wait_reason_counts(run) for mode, run in runs.items()}
+    frame = pd.DataFrame(table, index=[reason.value for reason in WaitReason])
+    frame.index.name = "why requests waited (request-steps)"
+    return frame
 
 
 def steps_kind(run: RunRecord) -> str:
@@ -174,6 +206,7 @@ class RunSummary:
     tpot_p99: float
     e2e_p50: float
     e2e_p99: float
+    waiting: dict[str, int]  # request-steps spent waiting, by reason
 
     def as_dict(self) -> dict:
         return {
@@ -185,6 +218,7 @@ class RunSummary:
             "ttft_s": {"p50": self.ttft_p50, "p99": self.ttft_p99},
             "tpot_s": {"p50": self.tpot_p50, "p99": self.tpot_p99},
             "e2e_s": {"p50": self.e2e_p50, "p99": self.e2e_p99},
+            "waiting_request_steps": dict(self.waiting),
         }
 
 
@@ -210,4 +244,5 @@ def summarize(run: RunRecord) -> RunSummary:
         tpot_p99=percentile(tpot, 99),
         e2e_p50=percentile(e2e, 50),
         e2e_p99=percentile(e2e, 99),
+        waiting=wait_reason_counts(run),
     )

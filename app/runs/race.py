@@ -11,6 +11,7 @@ from app.frame import Frame
 from app.prompt_queue import PromptQueue
 from app.race_view import RaceRun
 from app.runs import ViewRunBase, engine_setup
+from app.sidebar import SchedulerKnobs
 from batching.engine.options import BatcherOptions
 from batching.service import RaceHandle
 
@@ -51,21 +52,30 @@ class RaceViewRun(ViewRunBase):
             self.handle.set_pause(pause_ms / 1000)
 
 
-def kv_default(frame: Frame) -> int:
-    """The KV memory the settings give a batcher, in token positions (whole blocks)."""
-    return frame.service.info.geometry.kv_tokens(frame.options)
+def kv_default(frame: Frame, block_size: int) -> int:
+    """The KV memory the settings give a batcher with this block size, in token positions (whole blocks)."""
+    return frame.service.info.geometry.kv_tokens(replace(frame.options, block_size=block_size))
 
 
-def lane_options(frame: Frame, kv_tokens: int) -> BatcherOptions:
-    """Both lanes' batcher: the sidebar's choices, with the KV memory chosen for the race."""
-    return replace(frame.options, kv_blocks=None, kv_cache_mb=None, kv_cache_tokens=kv_tokens)
+def lane_options(frame: Frame, kv_tokens: int, knobs: SchedulerKnobs) -> BatcherOptions:
+    """Both lanes' batcher: the sidebar's choices, with the scheduler's knobs and the KV memory chosen for the race
+    (the admission policy matters to the continuous lane only: static reserves whole waves)."""
+    return replace(
+        frame.options,
+        max_batched_tokens=knobs.token_budget,
+        block_size=knobs.block_size,
+        admission=knobs.admission,
+        kv_blocks=None,
+        kv_cache_mb=None,
+        kv_cache_tokens=max(kv_tokens, knobs.block_size),
+    )
 
 
-def start(frame: Frame, pause_ms: int, kv_tokens: int, queue: PromptQueue) -> None:
+def start(frame: Frame, pause_ms: int, kv_tokens: int, knobs: SchedulerKnobs, queue: PromptQueue) -> None:
     """Start the queue racing on a continuous and a static lane of this tab's own (the same KV memory each), in the
     engine process."""
     state = st.session_state
-    options = lane_options(frame, kv_tokens)
+    options = lane_options(frame, kv_tokens, knobs)
     choices = frame.choices
     schedule = choices.schedule(len(queue))
     race = RaceRun(f"t{id(state)}/", choices.batch_size, choices.sampling)

@@ -18,6 +18,8 @@ from utils.charts import Owns
 from utils.metrics import RunRecord
 from utils.telemetry_charts import CAPTION as TELEMETRY_CAPTION
 from utils.telemetry_charts import reported_line, telemetry_chart, telemetry_frame
+from utils.wait_charts import CAPTIONS as WAIT_CAPTIONS
+from utils.wait_charts import interference_chart, interference_frame, wait_strip_chart, wait_strip_frame
 
 CHARTS = ("occupancy", "latency", "timeline")
 CONTINUOUS_LIVE = "Live: your run on the shared engine, drawn as it happens."
@@ -83,6 +85,7 @@ def engine_layout(notes: tuple[str, str] = (CONTINUOUS_LIVE, STATIC_LATER)) -> C
         name: (charts.CAPTIONS[name], charts.CAPTIONS["occupancy_static" if name == "occupancy" else name])
         for name in CHARTS
     }
+    captions.update({name: (caption, caption) for name, caption in WAIT_CAPTIONS.items()})
     return chart_layout(
         "3 · What the engine did", ("Continuous batching", "Static batching (same queue)"), notes, captions
     )
@@ -106,16 +109,22 @@ def draw_charts(
     owns: Owns | None,
     x_max: dict | None = None,
 ) -> None:
-    """One run's three charts into its column (0 continuous, 1 static); `x_max` shares axes between the two."""
+    """One run's charts into its column (0 continuous, 1 static); `x_max` shares axes between the two."""
     x_max = x_max or {}
     occupancy = charts.occupancy_chart(charts.occupancy_frame(record, owns), run.slots, x_max=x_max.get("steps"))
-    timeline = charts.timeline_frame(record, run.labels(), owns)
+    labels = run.labels()
+    timeline = charts.timeline_frame(record, labels, owns)
     layout.slots["occupancy"][column].altair_chart(occupancy, width="stretch")
     layout.slots["latency"][column].altair_chart(
         charts.latency_chart(charts.latency_bars_frame(latency), x_max=x_max.get("seconds")), width="stretch"
     )
     layout.slots["timeline"][column].altair_chart(
         charts.timeline_chart(timeline, run.slots, x_max=x_max.get("seconds")), width="stretch"
+    )
+    layout.slots["waiting"][column].altair_chart(wait_strip_chart(wait_strip_frame(record, labels)), width="stretch")
+    gaps, prompts = interference_frame(record, labels)
+    layout.slots["interference"][column].altair_chart(
+        interference_chart(gaps, prompts, x_max=x_max.get("seconds")), width="stretch"
     )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import streamlit as st
 
 from batching.engine.events import StepEvent
-from utils.inspector import WasteMeters, grid_frame, packed_tokens, step_rows_frame
+from utils.inspector import WasteMeters, grid_frame, packed_tokens, step_rows_frame, step_waiting_frame
 from utils.inspector_charts import GRID_CAPTION, MASK_CAPTION, mask_chart, packed_sequence_html, token_grid_chart
 from utils.inspector_mask import mask_frame, padded_rectangle, window_name
 from utils.metrics import RunRecord
@@ -74,6 +74,11 @@ def step_section(step: StepEvent, labels: dict[str, str], decode: Decode) -> Non
         "in one sequence, so the linear layers compute real tokens only. Other users' tokens show as •."
     )
     st.html(packed_sequence_html(packed_tokens(step, labels, decode)))
+    if step.waiting:
+        st.markdown(f"**{len(step.waiting)} waiting this step, and why**")
+        st.table(step_waiting_frame(step, labels).set_index("request"))
+    else:
+        st.caption("No request waited this step.")
 
 
 def mask_section(record: RunRecord, number: int, mode: str, labels: dict[str, str]) -> None:

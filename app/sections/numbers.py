@@ -8,7 +8,7 @@ from app.race_view import RaceRun
 from batching.remote import RemoteRun
 from utils import export
 from utils.inspector import WasteMeters
-from utils.metrics import RunRecord, steps_kind, summarize
+from utils.metrics import RunRecord, steps_kind, summarize, wait_reasons_frame
 
 RACE_CLOCKS = (
     "Both lanes ran the same prompts, caps, sampling and arrival times in the engine process, which steps them in "
@@ -30,6 +30,7 @@ def numbers_section(
     elif race is not None:
         st.info("No speed-up: the race was stopped or some prompts did not finish; the figures cover what ran.")
     st.dataframe(export.comparison_frame(summaries, meters), width="content")
+    st.table(wait_reasons_frame(runs))
     notes = [
         "Latency counts from when a request arrived; occupancy is working slots ÷ batch size, averaged over steps."
     ]

@@ -16,17 +16,18 @@ from app.sections.inspector import LANE_RUN_NAMES, inspector_section
 from app.sections.memory import memory_charts, memory_layout
 from app.sections.numbers import numbers_section
 from app.sections.queue import queue_section, run_buttons
-from app.sidebar import kv_memory, slow_motion
+from app.sidebar import kv_memory, scheduler_knobs, slow_motion
 from app.streaming import RaceStream
 from utils.inspector import waste_meters
 
 frame = current_frame()
 pause_ms = slow_motion(frame.controls)
-kv_tokens = kv_memory(frame.controls, race.kv_default(frame), frame.options.block_size)
+knobs = scheduler_knobs(frame.controls, frame.settings)
+kv_tokens = kv_memory(frame.controls, race.kv_default(frame, knobs.block_size), knobs.block_size)
 queue = queue_section(frame)
 kept: race.RaceViewRun | None = st.session_state.get(race.KEY)
 buttons = run_buttons(
-    queue, partial(race.start, frame, pause_ms, kv_tokens), race.stop, kept is not None and kept.running
+    queue, partial(race.start, frame, pause_ms, kv_tokens, knobs), race.stop, kept is not None and kept.running
 )
 if kept is None:
     st.stop()

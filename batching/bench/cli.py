@@ -59,7 +59,7 @@ from batching.engine.model_support import UnsupportedModelError, check_supported
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request
-from batching.engine.scheduler import POLICIES
+from batching.engine.scheduler import ADMISSIONS, POLICIES
 from batching.runs import ScheduledRun
 from config.settings import Settings, SettingsError, load_settings, setting_warnings
 from model.loader import LoadedModel, ModelLoadError, load_model
@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", default="static,continuous", help="comma list of " + ", ".join(MODES))
     parser.add_argument("--floor", action="store_true", help="also time an 8-row decode step against raw matmuls")
     parser.add_argument("--policy", choices=list(POLICIES), help="admission order (default: settings)")
+    parser.add_argument(
+        "--admission",
+        choices=list(ADMISSIONS),
+        help="continuous batching's KV blocks: preempt (vLLM) or reserve prompt + cap, never preempt (default: "
+        "settings)",
+    )
     parser.add_argument("--batch-size", type=int, help="slots (default: the workload's)")
     parser.add_argument("--max-batched-tokens", type=int, help="tokens per step (default: settings)")
     parser.add_argument("--model", help="builtin, a hub id or a local folder (default: settings)")
@@ -191,6 +197,7 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
             max_batch_size=args.batch_size or workload.batch_size,
             max_batched_tokens=args.max_batched_tokens or settings.batching.max_batched_tokens,
             policy=args.policy or settings.batching.policy,
+            admission=args.admission or settings.batching.admission,
             max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
             max_seq_len=settings.batching.max_seq_len,
             step_detail=not args.no_step_detail,
@@ -501,6 +508,7 @@ def _benchmark(
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "batch_size": plan.options.max_batch_size,
         "policy": plan.options.policy,
+        "admission": plan.options.admission,
         "max_batched_tokens": plan.options.max_batched_tokens,
         "kv": {
             "block_size": plan.options.block_size,

@@ -20,7 +20,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from batching.engine.blocks import BlockPool
 from batching.engine.detokenizer import IncrementalDetokenizer, decode_text
-from batching.engine.events import Event, FinishedEvent, MemoryView, PreemptedEvent, StepEvent, StepRow, TokenEvent
+from batching.engine.events import (
+    Event,
+    FinishedEvent,
+    MemoryView,
+    PreemptedEvent,
+    StepEvent,
+    StepRow,
+    TokenEvent,
+    Waiting,
+)
 from batching.engine.geometry import PoolGeometry
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
@@ -44,6 +53,7 @@ class _Layout:
     prefill: int
     decode: int
     rows: tuple[StepRow, ...]
+    waiting: tuple[Waiting, ...]
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
@@ -91,7 +101,9 @@ class Batcher:
         self.pool = BlockPool(self.geometry.pool_blocks(options), options.block_size, prefix_caching)
         self.scheduler: Scheduler
         if mode == "continuous":
-            self.scheduler = ContinuousScheduler(options.max_batched_tokens, self.pool, options.policy)
+            self.scheduler = ContinuousScheduler(
+                options.max_batched_tokens, self.pool, options.policy, options.admission
+            )
         else:
             self.scheduler = StaticScheduler(pad_token_id, self.pool)
         self.preemptions = 0
@@ -188,6 +200,7 @@ class Batcher:
             prefill=prefill,
             decode=decode,
             rows=batch.rows() if self.options.step_detail else (),
+            waiting=self.scheduler.waiting_now(batch),
         )
 
     def _step_event(self, layout: _Layout, *, start: float, end: float) -> StepEvent:
@@ -204,6 +217,7 @@ class Batcher:
             mask=self.runner.last_mask,  # None without step detail
             compiled=self.runner.last_compiled,
             memory=self.memory_view(),
+            waiting=layout.waiting,
         )
 
     def memory_view(self) -> MemoryView:

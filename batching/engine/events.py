@@ -123,6 +123,27 @@ class StepRow:
         return len(self.token_ids)
 
 
+class WaitReason(enum.Enum):
+    """Why a request that is in the batcher computed nothing in a step (what vLLM's scheduler decides, named)."""
+
+    NO_SLOT = "no free slot"  # every slot is taken (vLLM's max_num_seqs)
+    TOKEN_BUDGET = "token budget spent"  # admitted, but the step's tokens went to others (max_num_batched_tokens)
+    NO_BLOCKS = "no free blocks"  # its first chunk's KV blocks are not free (or a preemption this step)
+    PREFIX_PENDING = "prefix being computed"  # another request computes its next prompt block now: it joins after
+    PREEMPTED = "preempted"  # gave its blocks back; its tokens so far are computed again when it returns
+    WAVE = "static wave running"  # static batching: the next wave forms only once every member of this one is done
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One request that computed nothing in a step, and why. `recompute`: for a preempted one, the tokens (prompt and
+    answer so far) it computes again when it returns."""
+
+    request_id: str
+    reason: WaitReason
+    recompute: int = 0
+
+
 @dataclass(frozen=True)
 class StepEvent:
     """One engine step (one forward pass): who sat in each slot, and how many tokens of each kind it computed.
@@ -145,6 +166,7 @@ class StepEvent:
     mask: StepMask | None = None  # None when the batcher does not record step detail
     compiled: bool = False  # ran through the compiled graph (a decode step once the graph is made), else eager
     memory: MemoryView | None = None  # the block pool after the step
+    waiting: tuple[Waiting, ...] = ()  # every request in the batcher that computed nothing this step, and why
 
     @property
     def active(self) -> int:

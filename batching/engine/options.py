@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batching.engine.blocks import DEFAULT_BLOCK_SIZE
-from batching.engine.scheduler import check_policy
+from batching.engine.scheduler import check_admission, check_policy
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -22,6 +22,7 @@ class BatcherOptions:
     max_batch_size: int = 8
     max_batched_tokens: int = 512
     policy: str = "fcfs"
+    admission: str = "preempt"  # continuous batching's use of KV blocks: "preempt" (vLLM) or "reserve" (see ADMISSIONS)
     max_seq_len: int = 2048
     max_prompt_tokens: int = 512
     step_detail: bool = True  # each StepEvent lists its rows (the step inspector's data); off for lean benchmarks
@@ -44,6 +45,7 @@ class BatcherOptions:
                 f"{self.max_batch_size}, so prompts still get prefilled while every slot decodes"
             )
         check_policy(self.policy)
+        check_admission(self.admission)
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size={self.block_size} is not allowed: choose one of {BLOCK_SIZES}")
         given = {"kv_blocks": self.kv_blocks, "kv_cache_tokens": self.kv_cache_tokens, "kv_cache_mb": self.kv_cache_mb}

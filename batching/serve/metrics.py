@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from batching.engine.events import FinishedEvent, MemoryView, StepEvent
+from batching.engine.events import FinishedEvent, MemoryView, StepEvent, WaitReason
 from batching.engine.request import FinishReason
 from batching.service import BatcherLoad
 
@@ -84,11 +84,22 @@ class ApiMetrics:
             "Prefix cache hits, in terms of number of cached tokens.",
             registry=self.registry,
         )
+        self.waiting = Counter(
+            PREFIX + "waiting_request_steps",
+            "Steps requests in the batcher spent computing nothing, by why the scheduler left them out (one per "
+            "request per step).",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in WaitReason:  # every reason listed from the start, at 0
+            self.waiting.labels(reason=reason.name.lower())
         self._kv_counters = (self.preemptions, self.prefix_queries, self.prefix_hits)
         self._last_totals = (0, 0, 0)  # the batcher's running totals at its previous step
 
     def observe_step(self, step: StepEvent) -> None:
         self.iteration_tokens.observe(step.prefill_tokens + step.decode_tokens)
+        for waiting in step.waiting:
+            self.waiting.labels(reason=waiting.reason.name.lower()).inc()
         if step.memory is not None:
             self._observe_memory(step.memory)
 

@@ -48,6 +48,7 @@ def engine_options(settings: Settings, batch_size: int | None = None, policy: st
         max_batch_size=slots,
         max_batched_tokens=max(settings.batching.max_batched_tokens, slots + 1),
         policy=policy or settings.batching.policy,
+        admission=settings.batching.admission,
         max_seq_len=settings.batching.max_seq_len,
         max_prompt_tokens=settings.tokenizer.max_prompt_tokens,
         compile_steps=settings.engine.compile_steps,

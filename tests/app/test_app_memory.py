@@ -11,9 +11,13 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from app.sections.memory import HEADER, TABLES_PEAK
+from batching.engine.events import WaitReason
 from tests.app.test_app import add, generate, open_app, race_run, tiny_env  # noqa: F401 (a fixture)
 from utils.memory import BLOCK_STATES, HOLDING, RESERVED, memory_numbers
 from utils.memory_charts import STEPS_TITLE
+
+WAIT_STATES = {reason.value for reason in WaitReason}
+WAIT_TABLE = "why requests waited (request-steps)"
 
 BLOCK = 16  # the settings' block size
 
@@ -77,3 +81,28 @@ def test_the_waste_meters_count_kv_reserved_but_never_used(tiny_env: Path) -> No
     assert table.columns.tolist() == ["continuous", "static"]
     shares = [float(value.rstrip("%")) for value in table.loc["KV reserved but never used (share)"]]
     assert shares[1] > shares[0]  # static's waves reserve far more than they fill
+
+
+def test_the_scheduler_knobs_reach_the_lanes_and_the_strip_names_why_each_request_waited(
+    tiny_env: Path,  # noqa: F811
+) -> None:
+    at = open_app()
+    at.slider(key="token_budget").set_value(20).run()
+    at.select_slider(key="block_size").set_value(8).run()
+    at.radio(key="admission").set_value("reserve").run()
+    race_on(at, 160)  # 20 blocks of 8
+    race = race_run(at)
+    assert race.completed
+    engine = at.session_state.race_run.setup["engine"]
+    assert (engine["max_batched_tokens"], engine["block_size"], engine["admission"]) == (20, 8, "reserve")
+    runs = race.runs()
+    assert all(step.memory and step.memory.preemptions == 0 for step in runs["continuous"].steps)
+    strips = [frame for spec, frame in charts(at) if spec.get("title") == "What each request did, step by step"]
+    assert len(strips) == 2  # continuous, then static
+    for strip, mode in zip(strips, ("continuous", "static"), strict=True):
+        waited = {(row.step, row.request_id) for row in strip.itertuples() if row.state in WAIT_STATES}
+        want = {(n, w.request_id) for n, step in enumerate(runs[mode].steps, start=1) for w in step.waiting}
+        assert waited == want and want, mode
+    table = next(frame.value for frame in at.table if frame.value.index.name == WAIT_TABLE)
+    assert table.columns.tolist() == ["continuous", "static"]
+    assert table.loc["static wave running", "static"] > 0 and table.loc["static wave running", "continuous"] == 0

@@ -1,7 +1,8 @@
 """The race in Debian's chromium: both lanes stream while the race runs, a prompt added mid-race joins both lanes,
 Stop cancels both, and a race at real speed ends with the speed-up. The README's mid-race screenshot is taken only
 when BATCHSCOPE_RACE_SCREENSHOT names a file (`BATCHSCOPE_RACE_SCREENSHOT=docs/race.png python -m pytest
-tests/browser/test_browser_race.py`): the suite never writes a tracked file.
+tests/browser/test_browser_race.py`; the wait strip's with BATCHSCOPE_WAIT_SCREENSHOT=docs/waiting.png): the suite never
+writes a tracked file.
 """
 
 from __future__ import annotations
@@ -51,8 +52,33 @@ def test_a_race_at_real_speed_ends_with_both_lanes_answered_and_the_speedup(page
     assert len(continuous) == len(static) == 11
     assert continuous == static  # greedy: the same answers, scheduled differently
     assert page.get_by_text("continuous: 11 of 11 done").count() == 1
-    assert main.get_by_test_id("stVegaLiteChart").count() == 12  # 3 charts + 2 of memory x 2 lanes, grid, mask
+    # 5 charts (occupancy, latency, timeline, wait strip, inter-token gaps) + 2 of memory x 2 lanes, grid, mask
+    assert main.get_by_test_id("stVegaLiteChart").count() == 16
     assert main.get_by_text("the ratio of the two clocks").count() == 1
+    assert main.get_by_text("why requests waited (request-steps)").count() == 1  # the numbers' table of reasons
+
+
+def test_the_wait_strip_and_the_inter_token_gaps_are_drawn_for_both_lanes(page, tmp_path) -> None:
+    """After the race above: both rows are there for both lanes; the README's picture of them when
+    BATCHSCOPE_WAIT_SCREENSHOT names a file."""
+    main = page.get_by_test_id("stMain")
+    strip = main.get_by_text("One row per request, one cell per step").first
+    gaps = main.get_by_text("Each request's inter-token gap over the run").first
+    assert main.get_by_text("One row per request, one cell per step").count() == 2
+    assert main.get_by_text("Each request's inter-token gap over the run").count() == 2
+    viewport = page.viewport_size
+    page.set_viewport_size({"width": 1440, "height": 1600})
+    try:
+        gaps.scroll_into_view_if_needed()
+        page.wait_for_timeout(300)
+        top, bottom = strip.bounding_box(), gaps.bounding_box()
+        assert top is not None and bottom is not None and bottom["y"] > top["y"]
+        # Each caption sits under its chart: from above the strip's chart to the end of the gaps' caption.
+        first = max(0.0, top["y"] - 430)
+        path = os.environ.get("BATCHSCOPE_WAIT_SCREENSHOT") or str(tmp_path / "waiting.png")
+        page.screenshot(path=path, clip={"x": 300, "y": first, "width": 1140, "height": bottom["y"] + 50 - first})
+    finally:
+        page.set_viewport_size(viewport)
 
 
 def test_mid_race_both_lanes_stream_a_new_prompt_joins_both_and_stop_cancels_both(page, tmp_path) -> None:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batching.engine.batcher import MODES, Batcher
-from batching.engine.events import FinishedEvent
+from batching.engine.events import FinishedEvent, RowKind, StepEvent
 from batching.engine.geometry import PoolGeometry
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams, SamplingParams
@@ -94,6 +94,22 @@ def test_submit_refuses_a_request_built_for_a_larger_pool(tiny_model_dirs, mode:
     assert not tight.has_work
 
 
+def _assert_everyone_runs_or_has_a_reason(step_events: list, live: set[str]) -> None:
+    """In a step, each request still in the batcher (not cancelled as the step began) either has a row or is listed
+    as waiting with a reason, never both: the reasons sum to the waiting count."""
+    steps = [event for event in step_events if isinstance(event, StepEvent)]
+    if not steps:
+        return
+    [step] = steps
+    cancelled = {
+        e.request_id for e in step_events if isinstance(e, FinishedEvent) and e.reason is FinishReason.CANCELLED
+    }
+    in_rows = {row.request_id for row in step.rows if row.kind is not RowKind.HELD}
+    waiting = [entry.request_id for entry in step.waiting]
+    assert len(waiting) == len(set(waiting)) and not in_rows & set(waiting)
+    assert in_rows | set(waiting) == live - cancelled
+
+
 # --- property: no request can hurt another ------------------------------------------------------------------
 _request = st.fixed_dictionaries(
     {
@@ -142,12 +158,16 @@ def test_every_request_finishes_once_greedy_answers_stay_exact_and_the_pool_empt
             refused += 1
             continue
         submitted.append((request, spec))
-    events = []
+    events: list = []
+    live = {request.request_id for request, _ in submitted}
     while batcher.has_work:
         for request, spec in submitted:
             if spec["cancel_at"] == batcher.step_index:
                 batcher.cancel(request.request_id)
-        events += batcher.step()
+        step_events = batcher.step()
+        _assert_everyone_runs_or_has_a_reason(step_events, live)
+        live -= {event.request_id for event in step_events if isinstance(event, FinishedEvent)}
+        events += step_events
     finishes = Counter(event.request_id for event in events if isinstance(event, FinishedEvent))
     assert finishes == Counter(request.request_id for request, _ in submitted), "each request finishes exactly once"
     by_id = finished_by_id(events)
