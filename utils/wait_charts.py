@@ -72,7 +72,7 @@ def wait_strip_chart(frame: pd.DataFrame, title: str = "What each request did, s
                 "state:N",
                 title=None,
                 scale=alt.Scale(domain=[p[0] for p in pairs], range=[p[1] for p in pairs]),
-                legend=alt.Legend(orient="bottom", labelLimit=400, columns=3),
+                legend=alt.Legend(orient="bottom", labelLimit=400, columns=2),
             ),
             tooltip=["request:N", "step:O", "state:N", alt.Tooltip("recompute:Q", title="tokens to compute again")],
         )
@@ -128,7 +128,7 @@ def interference_chart(
         .mark_line(point=True, strokeWidth=1)
         .encode(
             x=alt.X("time_s:Q", title="seconds since the run started", scale=x_scale),
-            y=alt.Y("itl_ms:Q", title="gap since the request's previous token (ms)"),
+            y=alt.Y("itl_ms:Q", title="inter-token gap (ms)"),
             color=alt.Color("request:N", title=None, legend=None),
             tooltip=["request:N", alt.Tooltip("itl_ms:Q", title="inter-token gap (ms)", format=".1f")],
         )
