@@ -5,6 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# The largest seed: torch.Generator.manual_seed takes any integer below 2**64, but a seed travels through JSON
+# clients and other engines as a signed 64-bit integer (vLLM's API bounds it to int64, torch.long), so it is capped
+# there, where it is parsed, never left to fail inside a step.
+MAX_SEED = 2**63 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,7 +33,7 @@ class SamplingParams:
                 self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty),
                 "> 0",
             ),
-            ("seed", self.seed, self.seed >= 0, ">= 0"),
+            ("seed", self.seed, _whole(self.seed) and 0 <= self.seed <= MAX_SEED, "a whole number in [0, 2**63 - 1]"),
         )
         for name, value, ok, allowed in checks:
             if not ok:
@@ -38,6 +43,10 @@ class SamplingParams:
     def needs_processing(self) -> bool:
         """Whether logits need more than an argmax."""
         return self.do_sample or self.repetition_penalty != 1.0
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

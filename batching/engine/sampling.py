@@ -47,7 +47,9 @@ class RequestSampler:
             scores = self.processors(ids, scores)  # type: ignore[arg-type]  # any integer tensor works
         if not self.params.do_sample:
             return int(scores.argmax(dim=-1))
-        probs = torch.softmax(scores, dim=-1)
+        # A tiny repetition penalty can push a logit to +inf, which softmax turns into NaN: capped at the largest
+        # finite value, the +inf tokens take all the probability, as they do in the limit. NaN stays NaN (and fails).
+        probs = torch.softmax(scores.clamp(max=torch.finfo(scores.dtype).max), dim=-1)
         return int(torch.multinomial(probs, num_samples=1, generator=self.generator))
 
 

@@ -284,6 +284,8 @@ def test_bad_input_is_a_clear_value_error(llama, prompt, cap, options, message: 
         ("top_p", 1.5, "top_p=1.5"),
         ("repetition_penalty", 0.0, "repetition_penalty=0.0"),
         ("seed", -1, "seed=-1"),
+        ("seed", 2**63, "seed=9223372036854775808"),  # torch would take it, but no int64 client could send it back
+        ("seed", 2**64, "seed=18446744073709551616"),  # torch.Generator.manual_seed raises on it, inside a step
     ],
 )
 def test_invalid_sampling_values_are_rejected(field: str, value: float, message: str) -> None:
