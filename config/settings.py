@@ -64,7 +64,7 @@ class GenerationSettings(BaseModel):
     top_k: int = Field(0, ge=0, description="0 keeps every token")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=2**63 - 1)  # int64, as the engine's SamplingParams (batching/engine/params.py)
 
 
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)

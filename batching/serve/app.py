@@ -1,52 +1,80 @@
 """The OpenAI-compatible HTTP API over the shared engine: completions and chat completions (streaming or not),
-models, health and Prometheus metrics. FastAPI parses and validates; every error is an OpenAI-style body.
+models, health and Prometheus metrics. FastAPI parses and validates against this server's own limits; every error
+is an OpenAI-style body with an HTTP error status (a 400 before the engine sees the request, a 5xx for a fault),
+and the OpenAPI schema documents every status and content type the routes answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2 import TemplateError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import PreTrainedTokenizerBase
 
 from batching.engine.events import FinishedEvent, TokenEvent
-from batching.engine.params import RequestParams, SamplingParams
+from batching.engine.params import RequestParams
+from batching.engine.request import FinishReason
+from batching.serve import responses
 from batching.serve.gateway import Gateway, Stream
 from batching.serve.metrics import FINISH_REASONS
-from batching.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from batching.serve.schemas import (
+    REFUSED,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationFields,
+    SamplingDefaults,
+    ServedLimits,
+    served_models,
+)
+from batching.serve.stops import StreamedText, cut
 from batching.service import QueueFullError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ApiConfig:
-    """What the API serves and how: the model id clients name, the defaults of absent fields, an optional key."""
+    """What the API serves and how: the model and its limits, the defaults of absent fields, an optional key."""
 
-    model_id: str
+    limits: ServedLimits
     default_max_tokens: int
-    default_sampling: SamplingParams
+    sampling: SamplingDefaults
     api_key: str | None = None
 
 
 class ApiError(Exception):
     """An error with an HTTP status and an OpenAI-style body naming the offending field."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.status, self.message, self.param, self.kind, self.headers = status, message, param, kind, headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
-        return JSONResponse(body, status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: ApiConfig) -> FastAPI:
@@ -54,48 +82,89 @@ def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: Api
     _install_error_handlers(app)
     _install_auth(app, config.api_key)
 
-    @app.get("/health")
+    @app.get("/health", responses=responses.HEALTH)
     def health() -> Response:
         if not gateway.service.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/v1/models")
-    def models() -> dict[str, Any]:
-        card = {"id": config.model_id, "object": "model", "created": 0, "owned_by": "batchscope"}
-        return {"object": "list", "data": [card]}
+    @app.get("/v1/models", responses=responses.MODELS)
+    def models() -> Response:
+        card = {"id": config.limits.model_id, "object": "model", "created": 0, "owned_by": "batchscope"}
+        return JSONResponse({"object": "list", "data": [card]})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=responses.METRICS)  # its 200 is text/plain only
     def metrics() -> Response:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _generate(gateway, config, body, body.one_prompt(), "text_completion", request)
+        prompt = body.one_prompt()
+        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else prompt
+        return await _generate(gateway, config, body, ids, "text_completion", request)
 
-    @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await _generate(gateway, config, body, _chat_prompt(tokenizer, body), "chat.completion", request)
 
+    # FastAPI reads each body's type from the annotation: this server's, whose fields carry its limits
+    completion_body, chat_body = served_models(config.limits)
+    completions.__annotations__["body"] = completion_body
+    chat_completions.__annotations__["body"] = chat_body
+    app.post("/v1/completions", responses=responses.generation(responses.Completion))(completions)
+    app.post("/v1/chat/completions", responses=responses.generation(responses.ChatCompletion))(chat_completions)
+    bodies = (completion_body, chat_body)
+    app.openapi = lambda: _openapi(app, bodies, config.api_key is not None)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI, bodies: tuple[type[BaseModel], ...], keyed: bool) -> dict[str, Any]:
+    """FastAPI's schema, with three mends: the request bodies as pydantic states them (FastAPI's OpenAPI model
+    turns every bound into a float, and the seed's 2**63 - 1 is no float), no 422 (a validation error is answered
+    400 here), and the bearer key the /v1 routes require when the server has one."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+        components = schema.setdefault("components", {})
+        schemas = components.setdefault("schemas", {})
+        for body in bodies:
+            exact = body.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(exact.pop("$defs", {}))
+            schemas[body.__name__] = exact
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        for path, operations in schema["paths"].items():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+                if keyed and path.startswith("/v1/"):
+                    operation["security"] = [{"bearer": []}]
+        if keyed:
+            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _chat_prompt(tokenizer: PreTrainedTokenizerBase, body: ChatCompletionRequest) -> list[int]:
     """The conversation through the tokenizer's chat template, tokenised as the template wrote it (no extra BOS)."""
     if not tokenizer.chat_template:
         raise ApiError(400, "this model has no chat template: use /v1/completions", "messages")
-    text = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
+    try:
+        text = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
+    except TemplateError as exc:  # the template's own refusal (roles out of order, say)
+        raise ApiError(400, f"the model's chat template refused these messages: {exc}", "messages") from None
     ids: list[int] = tokenizer(str(text), add_special_tokens=False)["input_ids"]
     return ids
 
 
 async def _generate(
-    gateway: Gateway, config: ApiConfig, body: GenerationFields, prompt: str | list[int], kind: str, request: Request
+    gateway: Gateway, config: ApiConfig, body: GenerationFields, prompt: list[int], kind: str, request: Request
 ) -> Response:
-    if body.model is not None and body.model != config.model_id:
-        raise ApiError(400, f"model={body.model!r} is not served here: use {config.model_id!r}", "model")
+    limits = config.limits
+    if body.model is not None and body.model != limits.model_id:
+        raise ApiError(400, f"model={body.model!r} is not served here: use {limits.model_id!r}", "model")
+    cap = body.cap(config.default_max_tokens)
+    room = limits.window - len(prompt)
+    if room >= 1:  # else the prompt is too long, and the engine's check says so
+        cap = min(cap, room)
     try:
-        params = body.request_params(config.default_max_tokens, config.default_sampling)
+        params = body.request_params(cap, config.sampling)
         stream = gateway.submit(prompt, params)
     except QueueFullError as exc:
         raise ApiError(429, str(exc), None, "rate_limit_error") from None
@@ -103,10 +172,11 @@ async def _generate(
         raise ApiError(503, str(exc), None, "server_error") from None
     except ValueError as exc:
         raise ApiError(400, str(exc), _param_of(str(exc), kind)) from None
-    reply = _Reply(kind, config.model_id, stream, params)
+    reply = _Reply(kind, limits.model_id, stream, params, gateway)
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_guarded(gateway, stream, reply.sse(include_usage)), media_type="text/event-stream")
+        options = body.stream_options
+        usage = bool(options and options.include_usage), bool(options and options.continuous_usage_stats)
+        return StreamingResponse(_guarded(gateway, stream, reply.sse(*usage)), media_type="text/event-stream")
     try:
         finished = await reply.wait(request)
     finally:
@@ -114,17 +184,24 @@ async def _generate(
     if finished is None:  # the client left before the answer was done
         gateway.cancel(stream.request.request_id)
         return Response(status_code=499)
+    if finished.reason is FinishReason.ERROR:
+        raise reply.fault(finished)
     return JSONResponse(reply.whole(finished))
 
 
 async def _guarded(gateway: Gateway, stream: Stream, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Stream the chunks; a client that disconnects has its request cancelled (its slot frees on the next step)."""
+    """Stream the chunks; a client that disconnects has its request cancelled (its slot frees on the next step).
+    A fault once the headers are out is an error event, then the end (the status is already 200)."""
     request_id = stream.request.request_id
     finished = False
     try:
         async for chunk in chunks:
             yield chunk
         finished = True
+    except Exception as exc:
+        logger.exception("the stream of request %s failed", request_id)
+        yield _sse(ApiError(500, f"internal error: {type(exc).__name__}", None, "server_error").body())
+        yield "data: [DONE]\n\n"
     finally:
         if not finished:
             gateway.cancel(request_id)
@@ -140,11 +217,12 @@ def _param_of(message: str, kind: str) -> str:
 
 
 class _Reply:
-    """Builds one request's response bodies (whole, or SSE chunks) from its events."""
+    """Builds one request's response bodies (whole, or SSE chunks) from its events, stop strings left out."""
 
-    def __init__(self, kind: str, model_id: str, stream: Stream, params: RequestParams) -> None:
-        self.kind, self.model_id, self.stream, self.params = kind, model_id, stream, params
-        prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+    def __init__(self, kind: str, model_id: str, stream: Stream, params: RequestParams, gateway: Gateway) -> None:
+        self.kind, self.model_id, self.stream, self.params, self.gateway = kind, model_id, stream, params, gateway
+        self.chat = kind == "chat.completion"
+        prefix = "chatcmpl" if self.chat else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -160,51 +238,81 @@ class _Reply:
             if isinstance(event, FinishedEvent):
                 return event
 
+    def fault(self, finished: FinishedEvent) -> ApiError:
+        """A request the engine failed: 503 when the engine process stopped (the next request starts another),
+        else 500."""
+        status = 500 if self.gateway.service.alive else 503
+        return ApiError(status, f"the request failed in the engine: {finished.error}", None, "server_error")
+
+    def ending(self, finished: FinishedEvent) -> tuple[str, str]:
+        """The whole answer, cut at its stop string, and its finish reason ("stop" when a stop string ended it)."""
+        text, stopped = cut(finished.text, self.params.stop_strings)
+        return text, "stop" if stopped else FINISH_REASONS[finished.reason]
+
     def whole(self, finished: FinishedEvent) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[finished.reason], "logprobs": None}
-        if self.kind == "chat.completion":
-            choice["message"] = {"role": "assistant", "content": finished.text}
+        text, reason = self.ending(finished)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
         else:
-            choice["text"] = finished.text
+            choice["text"] = text
         body = self._envelope(self.kind, [choice])
-        body["usage"] = _usage(finished)
+        body["usage"] = _usage(len(self.stream.request.prompt_ids), finished.output_tokens)
         body["timings"] = _timings(finished)
-        if finished.error:
-            body["error"] = {"message": finished.error, "type": "server_error", "param": None, "code": 500}
         return body
 
-    async def sse(self, include_usage: bool) -> AsyncIterator[str]:
-        chunk_kind = "chat.completion.chunk" if self.kind == "chat.completion" else "text_completion"
-        chat = self.kind == "chat.completion"
-        if chat:
-            first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}
-            yield _sse(self._envelope(chunk_kind, [first]))
+    async def sse(self, include_usage: bool, continuous_usage: bool) -> AsyncIterator[str]:
+        """The answer as server-sent events: a chunk per piece of text no stop string can claim, the last with the
+        finish reason, the usage if asked (in every chunk with vLLM's `continuous_usage_stats`), then [DONE]."""
+        text = StreamedText(self.params.stop_strings)
+        prompt_tokens = len(self.stream.request.prompt_ids)
+        if self.chat:
+            first = self._chunk("", None, role=True)
+            if continuous_usage:
+                first["usage"] = _usage(prompt_tokens, 0)
+            yield _sse(first)
         while True:
             event = await self.stream.events.get()
             if isinstance(event, TokenEvent):
-                if not event.text:
-                    continue  # mid-character: the text comes with the next token
-                piece: dict[str, Any] = {"content": event.text} if chat else {}
-                choice: dict[str, Any] = {"index": 0, "finish_reason": None, "logprobs": None}
-                choice.update({"delta": piece} if chat else {"text": event.text})
-                yield _sse(self._envelope(chunk_kind, [choice]))
+                piece = text.push(event.text)
+                if not piece:
+                    continue  # mid-character, or what may be the start of a stop string: it waits
+                chunk = self._chunk(piece, None)
+                if continuous_usage:
+                    chunk["usage"] = _usage(prompt_tokens, event.index + 1)
+                yield _sse(chunk)
             elif isinstance(event, FinishedEvent):
-                last: dict[str, Any] = {"index": 0, "finish_reason": FINISH_REASONS[event.reason], "logprobs": None}
-                if chat:
-                    last["delta"] = {}
-                else:
-                    last["text"] = ""
-                final = self._envelope(chunk_kind, [last])
-                final["timings"] = _timings(event)
-                if event.error:
-                    final["error"] = {"message": event.error, "type": "server_error", "param": None, "code": 500}
-                yield _sse(final)
+                if event.reason is FinishReason.ERROR:
+                    yield _sse(self.fault(event).body())
+                    yield "data: [DONE]\n\n"
+                    return
+                answer, reason = self.ending(event)
+                last = self._chunk(text.rest(answer), reason)
+                if continuous_usage:
+                    last["usage"] = _usage(prompt_tokens, event.output_tokens)
+                last["timings"] = _timings(event)
+                yield _sse(last)
                 if include_usage:
-                    usage = self._envelope(chunk_kind, [])
-                    usage["usage"] = _usage(event)
+                    usage = self._envelope(self._chunk_kind, [])
+                    usage["usage"] = _usage(prompt_tokens, event.output_tokens)
                     yield _sse(usage)
                 yield "data: [DONE]\n\n"
                 return
+
+    @property
+    def _chunk_kind(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _chunk(self, piece: str, reason: str | None, role: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if piece or role:
+                delta["content"] = piece
+            choice["delta"] = delta
+        else:
+            choice["text"] = piece
+        return self._envelope(self._chunk_kind, [choice])
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id, "choices": choices}
@@ -214,11 +322,11 @@ def _sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-def _usage(event: FinishedEvent) -> dict[str, int]:
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
-        "prompt_tokens": event.prompt_tokens,
-        "completion_tokens": event.output_tokens,
-        "total_tokens": event.prompt_tokens + event.output_tokens,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
 
 
@@ -244,21 +352,51 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        location = [str(part) for part in first.get("loc", ()) if part != "body"]
-        if first.get("type") == "json_invalid":
-            return ApiError(400, "the request body is not valid JSON", None).response()
-        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-        param = ".".join(location) or None
-        return ApiError(400, f"{param}: {message}" if param else message, param).response()
+        return _invalid(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return ApiError(exc.status_code, str(exc.detail), None).response()
+        return ApiError(exc.status_code, str(exc.detail), None, headers=exc.headers).response()  # 405's Allow
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:  # never a traceback to the client
         return ApiError(500, f"internal error: {type(exc).__name__}", None, "server_error").response()
+
+
+def _invalid(exc: RequestValidationError) -> ApiError:
+    """The most telling of pydantic's errors as one 400 naming its field: of a union's errors, one about the value
+    over one about its type (a list of empty stop strings is a list: its string type error tells nothing)."""
+    errors = exc.errors()
+    first = min(errors, key=lambda error: (str(error.get("type", "")).endswith("_type"), -len(error.get("loc", ()))))
+    kind = first.get("type")
+    if kind == "json_invalid":
+        return ApiError(400, "the request body is not valid JSON", None)
+    param = _path(exc.body, tuple(first.get("loc", ())), kind == "missing")
+    name = param.split(".", 1)[0] if param else ""
+    if kind == "extra_forbidden":
+        return ApiError(400, f"{param} is not supported by this server: leave it out", param)
+    if name in REFUSED and param == name:
+        value = first.get("input")
+        shown = f"{name}={value!r}" if isinstance(value, int | float | str) else name
+        return ApiError(400, f"{shown} is not supported: {REFUSED[name]}", name)
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return ApiError(400, f"{param}: {message}" if param else message, param)
+
+
+def _path(body: object, location: tuple[Any, ...], missing: bool) -> str | None:
+    """The field an error's location names, as the request wrote it: pydantic's union members ("str",
+    "list[int]") are steps of its own, not keys of the body, and are left out; a missing field ends the path."""
+    steps = location[1:] if location[:1] == ("body",) else location
+    parts, value = [], body
+    for step in steps:
+        key = isinstance(value, dict) and isinstance(step, str) and step in value
+        index = isinstance(value, list) and isinstance(step, int) and 0 <= step < len(value)
+        if key or index:
+            value = value[step]  # type: ignore[index]
+            parts.append(str(step))
+    if missing and steps:
+        parts.append(str(steps[-1]))
+    return ".".join(parts) or None
 
 
 def _install_auth(app: FastAPI, api_key: str | None) -> None:

@@ -1,96 +1,155 @@
-"""The API's request bodies (OpenAI's completions and chat completions, with vLLM's extensions we honour).
+"""The API's request bodies: OpenAI's completions and chat completions, with the vLLM extensions we honour.
 
-Fields the engine cannot honour are refused with a 400 naming them, never silently dropped: `n` other than 1,
-`logprobs`, `best_of`, penalties other than 0. Unknown fields are ignored, as OpenAI-compatible servers do, so
-clients that send their own extras still work.
+Parsed as the OpenAPI schema reads them (JSON types, no "1" for 1 nor true for 1), so what the schema allows is what
+the routes take. Nothing is silently dropped: OpenAI's and vLLM's fields this server cannot honour are taken only at
+their neutral value (`REFUSED`), and any field this server does not know is refused by name, as OpenAI's API does.
+Limits that depend on the served model (its name, vocabulary and context) are set per server by `served_models`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import secrets
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator
 
-from batching.engine.params import RequestParams, SamplingParams
+from batching.engine.params import MAX_SEED, RequestParams, SamplingParams
+
+# Below this a temperature is raised to it, as vLLM does: logits divided by less overflow float32 (0 means greedy).
+MIN_TEMPERATURE = 0.01
+
+# Fields of OpenAI's API (and vLLM's) this server cannot honour: taken only at their neutral value, else a 400
+# naming them with what to do instead.
+REFUSED = {
+    "n": "this server returns one choice per request: use 1 or leave it out",
+    "best_of": "this server returns one choice per request: use 1 or leave it out",
+    "logprobs": "this server returns no log probabilities: leave it out",
+    "top_logprobs": "this server returns no log probabilities: leave it out",
+    "echo": "leave it out",
+    "suffix": "leave it out",
+    "presence_penalty": "use repetition_penalty (vLLM's extension) instead",
+    "frequency_penalty": "use repetition_penalty (vLLM's extension) instead",
+    "logit_bias": "leave it out",
+    "min_p": "use top_p or top_k",
+    "stop_token_ids": "use stop strings",
+    "tools": "this server has no tool calling: leave it out",
+    "tool_choice": "this server has no tool calling: leave it out",
+    "response_format": "this server has no structured output: leave it out",
+}
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
+def _whole(value: object) -> object:
+    """JSON Schema's integer: 3.0 is one."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-class GenerationFields(BaseModel):
+def _json_equal(expected: object) -> BeforeValidator:
+    """Equality as JSON has it (true is not 1) for a field taken only at one value: Python's `True == 1`."""
+
+    def check(value: object) -> object:
+        if value is not None and isinstance(value, bool) != isinstance(expected, bool):
+            raise ValueError(f"Input should be {expected!r}")
+        return _whole(value)
+
+    return BeforeValidator(check)
+
+
+_WHOLE = BeforeValidator(_whole)
+One = Annotated[Literal[1], _json_equal(1)]
+No = Annotated[Literal[False], _json_equal(False)]
+Cap = Annotated[int, Field(ge=1), _WHOLE]
+TopK = Annotated[int, Field(ge=-1), _WHOLE]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED), _WHOLE]
+StopString = Annotated[str, Field(min_length=1)]
+PromptText = Annotated[str, Field(pattern=r"\S")]  # some text besides whitespace (str.strip's, as the engine's)
+Zero = Annotated[float, Field(ge=0.0, le=0.0)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", regex_engine="python-re")
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's: every chunk carries the usage so far
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request that leaves a sampling field out gets: the model's generation config, else OpenAI's defaults
+    (temperature 1, so a request without `temperature` samples, as on OpenAI's API and vLLM's server)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+
+
+class GenerationFields(_Body):
     """What both endpoints share: the model, how many tokens, how they are chosen, and streaming."""
 
-    model_config = ConfigDict(extra="ignore")
-
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: Cap | None = None
+    max_completion_tokens: Cap | None = None
     temperature: float | None = Field(None, ge=0.0, le=10.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
-    seed: int | None = Field(None, ge=0)
-    stop: str | list[str] | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
+    stop: StopString | list[StopString] | None = None
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    ignore_eos: bool = False
-    n: int = 1
-    stream: bool = False
+    ignore_eos: bool | None = None
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
-    logprobs: bool | int | None = None
-    best_of: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-
-    @model_validator(mode="after")
-    def _only_what_we_honour(self) -> GenerationFields:
-        if self.n != 1:
-            raise ValueError(f"n={self.n} is not supported: this server returns one choice per request (n=1)")
-        if self.best_of not in (None, 1):
-            raise ValueError(f"best_of={self.best_of} is not supported: use 1 or leave it out")
-        if self.logprobs not in (None, False, 0):
-            raise ValueError("logprobs is not supported by this server: leave it out")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) != 0.0:
-                raise ValueError(f"{name} is not supported: use repetition_penalty (vLLM's extension) instead")
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
-        if any(not stop for stop in stops):
-            raise ValueError("stop strings must not be empty")
-        return self
+    user: str | None = None  # OpenAI's end-user id, for the server's own records: it changes nothing in the answer
+    # Taken only at their neutral value (REFUSED)
+    n: One | None = None
+    presence_penalty: Zero | None = None
+    frequency_penalty: Zero | None = None
+    logit_bias: None = None
+    min_p: Zero | None = None
+    stop_token_ids: None = None
+    tools: None = None
+    tool_choice: None = None
+    response_format: None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
-    def request_params(self, default_max_tokens: int, default_sampling: SamplingParams) -> RequestParams:
-        """The engine's parameters: absent fields take the server's defaults; temperature 0 means greedy."""
-        cap = self.max_completion_tokens or self.max_tokens or default_max_tokens
-        base = default_sampling
-        temperature = base.temperature if self.temperature is None else self.temperature
-        do_sample = base.do_sample if self.temperature is None else self.temperature > 0
+    def cap(self, default: int) -> int:
+        return self.max_completion_tokens or self.max_tokens or default
+
+    def request_params(self, cap: int, defaults: SamplingDefaults) -> RequestParams:
+        """The engine's parameters: absent fields take `defaults`; temperature 0 means greedy; no seed, a fresh one
+        (two identical sampled requests differ, as on OpenAI's API)."""
+        temperature = defaults.temperature if self.temperature is None else self.temperature
+        penalty = defaults.repetition_penalty if self.repetition_penalty is None else self.repetition_penalty
+        greedy = temperature == 0
         sampling = SamplingParams(
-            do_sample=do_sample,
-            temperature=temperature if do_sample else 1.0,
-            top_k=base.top_k if self.top_k is None else max(self.top_k, 0),
-            top_p=base.top_p if self.top_p is None else self.top_p,
-            repetition_penalty=base.repetition_penalty if self.repetition_penalty is None else self.repetition_penalty,
-            seed=base.seed if self.seed is None else self.seed,
+            do_sample=not greedy,
+            temperature=1.0 if greedy else max(temperature, MIN_TEMPERATURE),
+            top_k=defaults.top_k if self.top_k is None else max(self.top_k, 0),
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            repetition_penalty=penalty,
+            seed=secrets.randbits(63) if self.seed is None else self.seed,
         )
-        return RequestParams(cap, sampling, self.stop_strings(), self.ignore_eos)
+        return RequestParams(cap, sampling, self.stop_strings(), bool(self.ignore_eos))
 
 
 class CompletionRequest(GenerationFields):
     """`POST /v1/completions`: one prompt, as text or token ids."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    suffix: str | None = None
+    prompt: PromptText | list[int] | list[PromptText] | list[list[int]]
+    best_of: One | None = None
+    logprobs: None = None
+    echo: No | None = None
+    suffix: Literal[""] | None = None
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, prompt: object) -> str | list[int]:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-            if len(prompt) != 1:
-                raise ValueError(f"{len(prompt)} prompts in one request are not supported: send one per request")
-            prompt = prompt[0]
+            prompt = prompt[0]  # a batch of one (the schema allows no more)
         if isinstance(prompt, str | list):
             return prompt
         raise ValueError("prompt must be a string or a list of token ids")
@@ -102,25 +161,16 @@ class CompletionRequest(GenerationFields):
             return prompt  # type: ignore[return-value]
         raise ValueError("prompt must be a string or a list of token ids")
 
-    @model_validator(mode="after")
-    def _no_echo_or_suffix(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo is not supported: leave it out")
-        if self.suffix:
-            raise ValueError("suffix is not supported: leave it out")
-        return self
 
-
-class TextPart(BaseModel):
+class TextPart(_Body):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
+    name: str | None = None  # handed to the chat template with the message, as vLLM does
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
@@ -130,10 +180,49 @@ class ChatCompletionRequest(GenerationFields):
     """`POST /v1/chat/completions`: a conversation, rendered with the tokenizer's chat template."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: No | None = None
+    top_logprobs: None = None
 
     def conversation(self) -> list[dict[str, str]]:
         """Messages as the chat template takes them (OpenAI's `developer` role is a system message)."""
-        return [
-            {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
-            for message in self.messages
-        ]
+        turns = []
+        for message in self.messages:
+            turn = {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
+            if message.name is not None:
+                turn["name"] = message.name
+            turns.append(turn)
+        return turns
+
+
+@dataclass(frozen=True)
+class ServedLimits:
+    """What the served model takes: its id, its vocabulary, the longest prompt in token ids, and its window (the
+    positions a prompt and its answer share: the context, or the KV cache if smaller)."""
+
+    model_id: str
+    vocab_size: int
+    max_prompt_tokens: int
+    window: int
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The largest `max_tokens`, a one-token prompt's room; a smaller one that does not fit beside a longer
+        prompt is cut to the room it leaves, as vLLM does (the answer ends with "length")."""
+        return self.window - 1
+
+
+def served_models(limits: ServedLimits) -> tuple[type[CompletionRequest], type[ChatCompletionRequest]]:
+    """The two request bodies with this server's limits in their fields, so its OpenAPI schema states them."""
+    cap = Annotated[int, Field(ge=1, le=limits.max_new_tokens), _WHOLE]
+    token = Annotated[int, Field(ge=0, lt=limits.vocab_size), _WHOLE]
+    ids = Annotated[list[token], Field(min_length=1, max_length=limits.max_prompt_tokens)]
+    one = {"min_length": 1, "max_length": 1}
+    prompt = PromptText | ids | Annotated[list[PromptText], Field(**one)] | Annotated[list[ids], Field(**one)]
+    shared: dict[str, Any] = {
+        "model": (str | None, Field(None, json_schema_extra={"enum": [limits.model_id, None]})),
+        "max_tokens": (cap | None, None),
+        "max_completion_tokens": (cap | None, None),
+    }
+    completion = create_model("CompletionRequest", __base__=CompletionRequest, prompt=(prompt, ...), **shared)
+    chat = create_model("ChatCompletionRequest", __base__=ChatCompletionRequest, **shared)
+    return completion, chat

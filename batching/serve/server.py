@@ -14,15 +14,17 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 import uvicorn
+from transformers import GenerationConfig
 
 from batching.engine.events import FinishedEvent
 from batching.engine.options import BatcherOptions
-from batching.engine.params import RequestParams, SamplingParams
+from batching.engine.params import RequestParams
 from batching.serve.app import ApiConfig, create_app
 from batching.serve.gateway import Gateway
+from batching.serve.schemas import SamplingDefaults, ServedLimits
 from batching.service import EngineClient, EngineConfig, engine_options
-from config.settings import Settings, SettingsError, load_settings, setting_warnings
-from model.loader import ModelLoadError
+from config.settings import ModelSettings, Settings, SettingsError, load_settings, setting_warnings
+from model.loader import ModelLoadError, resolve_source
 from utils.log_setup import configure_logging
 
 logger = logging.getLogger(__name__)
@@ -38,16 +40,34 @@ class _Parser(argparse.ArgumentParser):
         raise ServeError(message)
 
 
-def api_config(settings: Settings, model_name: str) -> ApiConfig:
-    """What absent request fields default to: the settings' generation defaults."""
-    gen = settings.generation
-    sampling = SamplingParams(gen.do_sample, gen.temperature, gen.top_k, gen.top_p, gen.repetition_penalty, gen.seed)
-    return ApiConfig(
-        model_id=settings.server.served_model_name or model_name,
-        default_max_tokens=gen.max_new_tokens,
-        default_sampling=sampling,
-        api_key=settings.server.api_key,
+def api_config(settings: Settings, service: EngineClient, options: BatcherOptions) -> ApiConfig:
+    """What the API takes (the engine's own limits for `options`) and what absent fields default to: the model's
+    sampling defaults, the settings' `max_new_tokens`."""
+    builder = service.admission.builder(options)
+    window = min(builder.context_length, builder.kv_tokens or builder.context_length)
+    limits = ServedLimits(
+        model_id=settings.server.served_model_name or service.info.name,
+        vocab_size=len(service.tokenizer),
+        max_prompt_tokens=min(builder.max_prompt_tokens, window - 1),
+        window=window,
     )
+    sampling = sampling_defaults(settings.model)
+    return ApiConfig(limits, settings.generation.max_new_tokens, sampling, settings.server.api_key)
+
+
+def sampling_defaults(model: ModelSettings) -> SamplingDefaults:
+    """What a request that leaves a sampling field out gets, as on vLLM's server (`--generation-config auto`): the
+    value the model's generation_config.json sets, else OpenAI's default (temperature 1: it samples). Its `do_sample`
+    is not read, as vLLM does not: a client that wants greedy says temperature 0."""
+    try:
+        config = GenerationConfig.from_pretrained(
+            resolve_source(model.name_or_path), revision=model.revision or "main", local_files_only=True
+        )
+    except (OSError, ValueError):  # none (the engine loaded the model, so a hub model's files are cached)
+        return SamplingDefaults()
+    names = ("temperature", "top_p", "top_k", "repetition_penalty")
+    given = {name: value for name, value in config.to_diff_dict().items() if name in names and value is not None}
+    return SamplingDefaults(**given)
 
 
 @dataclass
@@ -67,7 +87,7 @@ class BackgroundServer:
 def start_background(service: EngineClient, settings: Settings, port: int) -> BackgroundServer:
     """Serve the API from this process on `port`, sharing `service`'s engine with whoever else uses it."""
     gateway = Gateway(service, engine_options(settings), settings.limits.max_queue_total)
-    app = create_app(gateway, service.tokenizer, api_config(settings, service.info.name))
+    app = create_app(gateway, service.tokenizer, api_config(settings, service, gateway.options))
     config = uvicorn.Config(app, host=settings.server.host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="batchscope-api", daemon=True)
@@ -117,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     warm_up(service, options)
     gateway = Gateway(service, options, settings.limits.max_queue_total)
-    app = create_app(gateway, service.tokenizer, api_config(settings, service.info.name))
+    app = create_app(gateway, service.tokenizer, api_config(settings, service, options))
     port = args.port or settings.server.port or DEFAULT_PORT
     logger.info("serving %s on http://%s:%d/v1", service.info.name, settings.server.host, port)
     try:
