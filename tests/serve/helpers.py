@@ -4,14 +4,18 @@ tests and the remote tests (page, API and browser side)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+import openai
 
 from batching.remote.telemetry import read_samples
 from tests.helpers import ROOT, free_port
@@ -59,3 +63,31 @@ def served(url: str) -> tuple[int, int]:
         values = read_samples(answer.read().decode())
     finished = values.get("batchscope:request_success_total", [])  # no sample before its first label
     return int(sum(finished)), int(sum(values["batchscope:generation_tokens_total"]))
+
+
+def openai_client(url: str, key: str = "unused", timeout: float = 60) -> openai.OpenAI:
+    """The real OpenAI client on our server (no retries: a failure is seen as it is)."""
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=timeout)
+
+
+def async_openai_client(url: str, key: str = "unused", timeout: float = 120) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=timeout)
+
+
+def post_json(url: str, path: str, body: bytes | dict, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    """POST raw JSON (what a client library would not send) and read the status and the JSON answer."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, raw, {"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def sse_events(url: str, path: str, body: dict) -> tuple[int, list[str]]:
+    """POST a streamed request and read every server-sent event's data, in order (raw, without a client)."""
+    request = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        text = answer.read().decode()
+        return answer.status, [line.removeprefix("data: ") for line in text.split("\n\n") if line]

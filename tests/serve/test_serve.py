@@ -21,7 +21,7 @@ from config.settings import ModelSettings
 from model.loader import load_model
 from model.prompting import format_prompt
 from tests.engine.helpers import reference
-from tests.serve.helpers import our_server
+from tests.serve.helpers import openai_client, our_server, post_json
 
 MODEL = "builtin"
 
@@ -57,10 +57,6 @@ def builtin():
     return load_model(ModelSettings(name_or_path=MODEL, device="cpu", dtype="float32"))
 
 
-def _client(url: str, key: str = "unused") -> openai.OpenAI:
-    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
-
-
 def _metrics_text(url: str) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=5) as answer:
         return answer.read().decode()
@@ -75,27 +71,18 @@ def _metrics(url: str) -> dict[str, float]:
     return values
 
 
-def _post(url: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(url + path, body, {"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 QUESTIONS = [request.prompt for request in load_workload("customer-support").requests]
 
 
 def test_models_and_health_name_the_served_model(server: str) -> None:
-    assert _client(server).models.list().data[0].id == MODEL
+    assert openai_client(server).models.list().data[0].id == MODEL
     with urllib.request.urlopen(server + "/health", timeout=5) as answer:
         assert json.loads(answer.read()) == {"status": "ok"}
 
 
 def test_a_completion_is_what_generate_gives_for_the_prompt_alone(server: str, builtin) -> None:
     prompt = format_prompt(QUESTIONS[0])
-    answer = _client(server).completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    answer = openai_client(server).completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
     ids = builtin.tokenizer(prompt)["input_ids"]
     expected = reference(builtin.model, ids, 24)
     assert answer.choices[0].text == builtin.tokenizer.decode(expected, skip_special_tokens=True)
@@ -106,7 +93,7 @@ def test_a_completion_is_what_generate_gives_for_the_prompt_alone(server: str, b
 
 
 def test_chat_uses_the_models_chat_template_streaming_or_not(server: str, builtin) -> None:
-    client = _client(server)
+    client = openai_client(server)
     messages = [{"role": "user", "content": QUESTIONS[1]}]
     whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0)
     ids = builtin.tokenizer(format_prompt(QUESTIONS[1]))["input_ids"]
@@ -179,12 +166,17 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server: str) -> Non
         ("/v1/completions", {"model": "gpt-9", "prompt": "hi"}, "model", "is not served here"),
         ("/v1/completions", {"prompt": "hi", "temperature": -1}, "temperature", "greater than or equal to 0"),
         ("/v1/completions", {"prompt": "hi", "top_p": 0}, "top_p", "greater than 0"),
-        ("/v1/completions", {"prompt": "hi", "n": 2}, None, "n=2 is not supported"),
-        ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "2 prompts in one request"),
+        ("/v1/completions", {"prompt": "hi", "n": 2}, "n", "n=2 is not supported"),
+        ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", "at most 1 item"),
+        ("/v1/completions", {"prompt": "  "}, "prompt", "should match pattern"),
+        ("/v1/completions", {"prompt": [5, 99999]}, "prompt.1", "less than 3027"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
-        ("/v1/completions", {"prompt": "hi", "max_tokens": 999999}, "max_tokens", "is too large"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 999999}, "max_tokens", "less than or equal to 1023"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": "9"}, "max_tokens", "valid integer"),
+        ("/v1/completions", {"prompt": "hi", "stream": 1}, "stream", "valid boolean"),
         ("/v1/completions", {"prompt": "hello " * 2000}, "prompt", "allowed: shorten it"),
-        ("/v1/completions", {"prompt": "hi", "stop": [""]}, None, "stop strings must not be empty"),
+        ("/v1/completions", {"prompt": "hi", "stop": [""]}, "stop.0", "at least 1 character"),
+        ("/v1/completions", {"prompt": "hi", "seed": 2**64}, "seed", "less than or equal to 9223372036854775807"),
         ("/v1/completions", {"max_tokens": 3}, "prompt", "Field required"),
         ("/v1/chat/completions", {"messages": []}, "messages", "at least 1 item"),
         ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", "Input"),
@@ -193,7 +185,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server: str) -> Non
 )
 def test_bad_input_gets_an_openai_style_400_naming_the_field(server: str, path, body, param, message) -> None:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    status, answer = _post(server, path, raw)
+    status, answer = post_json(server, path, raw)
     assert status == (404 if path == "/v1/nothing-here" else 400)
     error = answer["error"]
     assert message in error["message"] and error["param"] == param
@@ -202,7 +194,7 @@ def test_bad_input_gets_an_openai_style_400_naming_the_field(server: str, path, 
 
 def test_metrics_parse_and_their_counters_match_the_requests_sent(server: str) -> None:
     before = _metrics(server)
-    client = _client(server)
+    client = openai_client(server)
     answers = [
         client.completions.create(model=MODEL, prompt=format_prompt(q), max_tokens=12, temperature=0)
         for q in QUESTIONS[:3]
@@ -223,7 +215,7 @@ def test_metrics_parse_and_their_counters_match_the_requests_sent(server: str) -
 
 
 def test_kv_metrics_show_blocks_in_use_mid_stream_then_preemptions_and_prefix_hits(tight_server: str) -> None:
-    client = _client(tight_server)
+    client = openai_client(tight_server)
     stream = client.completions.create(
         model=MODEL, prompt=format_prompt(QUESTIONS[0]), max_tokens=40, temperature=0, stream=True
     )
@@ -253,9 +245,9 @@ def test_kv_metrics_show_blocks_in_use_mid_stream_then_preemptions_and_prefix_hi
 
 def test_an_api_key_is_required_when_set(guarded_server: str) -> None:
     with pytest.raises(openai.AuthenticationError) as caught:
-        _client(guarded_server, key="wrong").models.list()
+        openai_client(guarded_server, key="wrong").models.list()
     assert "API key" in caught.value.body["message"]
-    assert _client(guarded_server, key="sesame").models.list().data[0].id == MODEL
+    assert openai_client(guarded_server, key="sesame").models.list().data[0].id == MODEL
 
 
 def test_a_full_queue_answers_429_and_the_others_go_on(guarded_server: str) -> None:
@@ -292,7 +284,7 @@ def test_a_hybrid_model_served_answers_concurrent_requests_as_generate_does(
     env = {"BATCHSCOPE_MODEL__NAME_OR_PATH": str(family_model_dirs["bamba"])}
     env["BATCHSCOPE_BATCHING__MAX_BATCH_SIZE"] = "3"
     with our_server(tmp_path_factory.mktemp("serve-hybrid"), env) as (url, _):
-        name = _client(url).models.list().data[0].id
+        name = openai_client(url).models.list().data[0].id
 
         async def ask_all() -> list[str]:
             client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
