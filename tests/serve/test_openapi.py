@@ -89,12 +89,26 @@ def test_schemathesis_with_all_its_checks_finds_nothing_and_the_server_answers_t
     ]
     path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.serve.schemathesis_hooks", "PYTHONPATH": path, "NO_COLOR": "1"}
-    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
-    assert "No issues found" in run.stdout
-    assert served(url)[0] - before > 100  # it did send its requests, and the engine answered them
     builtin = load_model(ModelSettings(name_or_path=MODEL, device="cpu", dtype="float32"))
     prompt = format_prompt("Where is my order?")
-    answer = openai_client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
-    expected = reference(builtin.model, builtin.tokenizer(prompt)["input_ids"], 24)
-    assert answer.choices[0].text == builtin.tokenizer.decode(expected, skip_special_tokens=True)
+    expected = builtin.tokenizer.decode(
+        reference(builtin.model, builtin.tokenizer(prompt)["input_ids"], 24), skip_special_tokens=True
+    )
+    client = openai_client(url)
+
+    def streamed() -> str:
+        """What a well-behaved user beside the fuzzer gets: a greedy answer streamed on the same shared batcher."""
+        chunks = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stream=True)
+        return "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+
+    fuzzer = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    beside = [streamed()]
+    while fuzzer.poll() is None:  # the user keeps asking for as long as the fuzzer runs
+        beside.append(streamed())
+    stdout, stderr = fuzzer.communicate(timeout=900)
+    assert fuzzer.returncode == 0, stdout[-8000:] + stderr[-2000:]
+    assert "No issues found" in stdout
+    assert served(url)[0] - before > 100  # it did send its requests, and the engine answered them
+    assert beside == [expected] * len(beside), "a request beside the fuzzer's was answered differently"
+    answer = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    assert answer.choices[0].text == expected
