@@ -54,10 +54,14 @@ class RequestSampler:
 def greedy_choices(logits: torch.Tensor) -> torch.Tensor:
     """Argmax of every row at once, -1 for a row with a NaN or infinite logit (it would give a meaningless token).
 
-    A row's sum is NaN or infinite exactly when one of its logits is (finite logits do not overflow a float32 sum):
-    one reduction instead of a test of every logit. Compiled steps run it inside their graph (`compiled`).
+    A row's sum is NaN or infinite exactly when one of its logits is (a model's finite logits do not overflow a
+    float32 sum): one reduction instead of a test of every logit. In float32 whatever the model's dtype: a float16
+    sum overflows (65,504) once a vocabulary's logits average 0.5 per 1,000 tokens, which a real model's do, and
+    every row read as NaN. The argmax is the same in either (the cast is exact). Compiled steps run it inside their
+    graph (`compiled`), where the cast is fused into the reductions.
     """
-    return torch.where(torch.isfinite(logits.sum(dim=-1)), logits.argmax(dim=-1), -1)
+    scores = logits.float()
+    return torch.where(torch.isfinite(scores.sum(dim=-1)), scores.argmax(dim=-1), -1)
 
 
 def greedy_list(choices: torch.Tensor) -> list[int | None]:
