@@ -37,7 +37,7 @@ from utils.log_setup import configure_logging
 WORKLOADS = ("seed-lab", "seed-blog")
 # Seconds a step is expected to need at most (0.5B shape on an H100/H200): one that would end past the deadline is
 # left out.
-NEEDS = {"seed-lab": 90, "seed-blog": 60, "seed-blog eager": 40, "profile": 30}
+NEEDS = {"seed-lab": 75, "seed-blog": 50, "seed-blog eager": 35, "profile": 25}
 CACHE_LIMIT = 16 * 2**20  # the largest file the device machine sends back
 
 
@@ -66,7 +66,7 @@ class Check:
         base += ["--dtype", options.dtype, "--ignore-eos", "--no-progress", "--no-step-detail"]
         self.base = base
         args = self.args(WORKLOADS[0], "compiled", 1)
-        args.model = str(build_shape(args.model_shape))
+        args.model = str(build_shape(options.model_shape))
         self.model_folder = args.model
         self.loaded = cli.load(args, self.settings)
 

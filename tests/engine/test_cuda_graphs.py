@@ -1,12 +1,16 @@
 """Compiled decode steps replayed from CUDA graphs (`cuda_graphs`): on a GPU every decode step but each bucket's
 first replays its graph, token for token equal to `generate`; on a CPU no runner has graphs, so its steps run as
-before. The GPU half runs where the engine tests are pointed at a GPU (scripts/gpu_check.sh)."""
+before. The GPU half runs where the engine tests are pointed at a GPU (scripts/gpu_check.sh); the buckets and the
+check of a captured graph against its compiled call run anywhere."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.cuda_graphs import DecodeGraphs, _replay_agreement
 from tests.engine.helpers import loaded, random_prompts, reference, run_with_late_arrivals
 
 # Histories from a few columns to past 256: two buckets of columns.
@@ -34,3 +38,41 @@ def test_decode_steps_replay_cuda_graphs_on_a_gpu_and_never_on_a_cpu(tiny_model_
     # Each bucket's first step captured its graph (checked against the compiled call); every later one replayed it.
     assert not graphs.failed and graphs.captured == 2
     assert batcher.runner.compiled_steps == graphs.replayed + graphs.captured > 200
+
+
+def test_a_bucket_holds_every_slot_and_columns_in_steps_of_256_up_to_the_runners_most() -> None:
+    graphs = DecodeGraphs(rows=8, column_step=32, max_columns=608)
+    assert [graphs.bucket(kv_len) for kv_len in (1, 256, 257, 600)] == [(8, 256), (8, 256), (8, 512), (8, 608)]
+    assert DecodeGraphs(rows=4, column_step=384, max_columns=3072).bucket(10) == (4, 384)  # whole blocks of 384
+
+
+class _Replay:
+    """A captured graph's stand-in: its replay writes `logits`, `greedy` and the slots' `written` values."""
+
+    def __init__(self, static: tuple[torch.Tensor, torch.Tensor], pool: torch.Tensor, slots: torch.Tensor, **writes):
+        self.static, self.pool, self.slots, self.writes = static, pool, slots, writes
+
+    def replay(self) -> None:
+        self.static[0].copy_(self.writes["logits"])
+        self.static[1].copy_(self.writes["greedy"])
+        self.pool.view(2, -1, 4)[:, self.slots] = self.writes["written"]
+
+
+def test_a_replay_must_give_the_calls_choices_and_its_logits_and_writes_within_a_few_roundings() -> None:
+    logits, greedy = torch.randn(3, 50), torch.tensor([4, 7, 1])
+    pool, slots = torch.randn(2, 5, 2, 4), torch.tensor([0, 3, 9])  # [kv heads, blocks, block size, head size]
+    written = pool.view(2, -1, 4)[:, slots].clone()
+    rounded = logits + 1e-4 * torch.randn(3, 50)
+
+    def agreement(**writes: torch.Tensor) -> str | None:
+        static = (torch.zeros(3, 50), torch.zeros(3, dtype=torch.long))
+        replay = _Replay(static, pool, slots, **{"logits": logits, "greedy": greedy, "written": written, **writes})
+        found = _replay_agreement(replay, static, (logits, greedy), [pool], slots)
+        assert torch.equal(pool.view(2, -1, 4)[:, slots], written)  # the call's writes are back
+        return found
+
+    assert agreement() == "bitwise"
+    assert agreement(logits=rounded) == "close"
+    assert agreement(greedy=torch.tensor([4, 7, 2])) is None  # another token
+    assert agreement(logits=2 * logits) is None
+    assert agreement(written=torch.full_like(written, float("nan"))) is None  # a slot the graph did not write
