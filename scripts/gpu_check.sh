@@ -17,10 +17,11 @@ export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}"
 export BATCHSCOPE_ENGINE__COMPILE_AUTOTUNE=false
 # Overridable for a dry run on a CPU: DEVICE=cpu BENCH_DTYPE=float32 SHAPE=qwen2-0.5b:1 TEST_DTYPES=bfloat16 ...
 DEVICE="${DEVICE:-cuda}" BENCH_DTYPE="${BENCH_DTYPE:-bfloat16}" SHAPE="${SHAPE:-qwen2-0.5b}" REPEAT="${REPEAT:-3}"
-TEST_DTYPES="${TEST_DTYPES:-bfloat16 float16}" DEADLINE_S="${DEADLINE_S:-370}" WORKERS="${WORKERS:-10}"
-TEST_LIMIT_S="${TEST_LIMIT_S:-85}"
+TEST_DTYPES="${TEST_DTYPES-bfloat16 float16}" DEADLINE_S="${DEADLINE_S:-370}" WORKERS="${WORKERS:-10}"
+TEST_LIMIT_S="${TEST_LIMIT_S:-85}" BENCH_FLAGS="${BENCH_FLAGS:-}"
 read -r -a tests <<< "${TESTS:-tests/engine/test_families.py tests/engine/test_engine.py tests/engine/test_kv_memory.py \
 tests/engine/test_equivalence.py tests/engine/test_cuda_graphs.py}"
+read -r -a float32_tests <<< "${FLOAT32_TESTS:-tests/engine/test_families.py tests/engine/test_cuda_graphs.py}"
 done_file="$(mktemp -u /tmp/gpu-check-tests-done.XXXX)"
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/log.txt" 2>&1
@@ -34,13 +35,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
   # float32: the families and the CUDA graphs again, where rounding cannot tell a packed step from generate's
   BATCHSCOPE_TEST_DEVICE=$DEVICE BATCHSCOPE_TEST_DTYPE=float32 timeout "$TEST_LIMIT_S" python3 -m pytest \
     -p no:cacheprovider -n "$WORKERS" --dist load -v --tb=line -rfE -m "not slow and not browser" \
-    tests/engine/test_families.py tests/engine/test_cuda_graphs.py > "$OUT/tests-float32.txt" 2>&1
+    "${float32_tests[@]}" > "$OUT/tests-float32.txt" 2>&1
   touch "$done_file"
 ) &
 tests_pid=$!
 
 python3 -m batching.bench.gpu_check --out "$OUT" --wait-for "$done_file" --deadline-s "$DEADLINE_S" \
-  --device "$DEVICE" --dtype "$BENCH_DTYPE" --model-shape "$SHAPE" --repeat "$REPEAT" >> "$OUT/log.txt" 2>&1
+  --device "$DEVICE" --dtype "$BENCH_DTYPE" --model-shape "$SHAPE" --repeat "$REPEAT" $BENCH_FLAGS >> "$OUT/log.txt" 2>&1
 wait "$tests_pid"
 sed "/^gpu check summary:/,\$d" "$OUT/log.txt" | grep -v -E "^\s*$" | tail -c 6000
 for dtype in $TEST_DTYPES float32; do

@@ -63,6 +63,7 @@ class DecodeGraphs:
         self.replayed = 0
         self._graphs: dict[tuple[int, int], CapturedStep] = {}
         self._pool: Any = None  # one memory pool for every graph (they never run at once), made at the first capture
+        self._stream: Any = None  # the stream graphs are captured on, made at the first capture
 
     @property
     def captured(self) -> int:
@@ -101,10 +102,16 @@ class DecodeGraphs:
         outputs = run()
         why = ""
         try:
-            torch.cuda.synchronize()
             self._pool = self._pool or torch.cuda.graph_pool_handle()
+            stream = self._stream = self._stream or torch.cuda.Stream()
+            # The step once more on the capture's stream first: what a library initialises lazily for a stream (a
+            # workspace, a handle) must not happen inside the capture (H100, torch 2.11: the capture was invalidated).
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                run()
+            torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
                 static = run()
             agreement = _replay_agreement(graph, static, outputs, pools, slots)
         except Exception as exc:  # any failure means: no graphs, the compiled call as before
