@@ -13,14 +13,15 @@ from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.cuda_graphs import DecodeGraphs, _replay_agreement
 from tests.engine.helpers import loaded, random_prompts, reference, run_with_late_arrivals
 
-# Histories from a few columns to past 256: two buckets of columns.
-CAPS = [240, 3, 25, 200, 9, 60]
+CAPS = [220, 3, 25, 180, 9, 60]  # histories from a few columns to the model's whole context (256): one bucket
 
 
-def test_decode_steps_replay_cuda_graphs_on_a_gpu_and_never_on_a_cpu(tiny_model_dirs) -> None:
-    model = loaded(str(tiny_model_dirs["llama"]))
+def test_decode_steps_replay_cuda_graphs_on_a_gpu_and_never_on_a_cpu(family_model_dirs) -> None:
+    # The families' Llama, whose logits are peaky: the tiny Llama's near-ties flipped at token 12 of 240 on an H100 in
+    # float32, the graphs' replays equal to the compiled calls (a graph's padding changes the reductions' lengths).
+    model = loaded(str(family_model_dirs["llama"]))
     options = BatcherOptions(
-        max_batch_size=4, max_batched_tokens=24, max_seq_len=300, compile_steps=True, compile_autotune=False
+        max_batch_size=4, max_batched_tokens=24, max_seq_len=256, compile_steps=True, compile_autotune=False
     )
     batcher = Batcher(model.model, model.tokenizer, options)
     graphs, compiler = batcher.runner.graphs, batcher.runner.compiler
@@ -36,8 +37,8 @@ def test_decode_steps_replay_cuda_graphs_on_a_gpu_and_never_on_a_cpu(tiny_model_
     for i, want in enumerate(expected):
         assert outputs[i] == want, f"request {i} (prompt {len(prompts[i])}, cap {CAPS[i]}) differs"
     # Each bucket's first step captured its graph (checked against the compiled call); every later one replayed it.
-    assert not graphs.failed and graphs.captured == 2
-    assert batcher.runner.compiled_steps == graphs.replayed + graphs.captured > 200
+    assert not graphs.failed and graphs.captured == 1
+    assert batcher.runner.compiled_steps == graphs.replayed + graphs.captured > 180
 
 
 def test_a_bucket_holds_every_slot_and_columns_in_steps_of_256_up_to_the_runners_most() -> None:
