@@ -35,9 +35,9 @@ from utils.export import json_safe
 from utils.log_setup import configure_logging
 
 WORKLOADS = ("seed-lab", "seed-blog")
-# Seconds a step is expected to need at most (0.5B shape on an H100/H200): one that would end past the deadline is
-# left out.
-NEEDS = {"seed-lab": 80, "seed-blog": 60, "seed-blog eager": 30, "profile": 20}
+# Seconds a step is expected to need at most (0.5B shape): one that would end past the deadline is left out. On an
+# H100 seed-lab took 117 s, about 90 of them before its first timed run (transformers' peer, the warm-up runs).
+NEEDS = {"seed-lab": 120, "seed-blog": 90, "seed-blog eager": 30, "profile": 20}
 CACHE_LIMIT = 16 * 2**20  # the largest file the device machine sends back
 
 
