@@ -146,6 +146,9 @@ class EngineSettings(BaseModel):
         description="time inductor's C++ matrix kernels against MKL's and keep the faster: the first compile takes"
         " about 2.5x as long, compiled steps run about 1.4x faster",
     )
+    cuda_graphs: bool = Field(
+        True, description="on a GPU, replay compiled decode steps from CUDA graphs, captured once per column bucket"
+    )
     compile_cache_dir: Path | None = Field(
         None, description="compiled graphs kept on disk; default: <user cache>/batchscope/torch-compile"
     )

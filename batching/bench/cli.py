@@ -51,6 +51,7 @@ from batching.bench.workloads import (
     load_workload,
     random_workload,
 )
+from batching.engine import cuda_graphs
 from batching.engine.batcher import MODES as BATCHER_MODES
 from batching.engine.batcher import Batcher, eos_token_ids
 from batching.engine.events import FinishedEvent, StepEvent
@@ -203,6 +204,7 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
             step_detail=not args.no_step_detail,
             compile_autotune=settings.engine.compile_autotune,  # for the compiled mode
             compile_prompt_steps=settings.engine.compile_prompt_steps,
+            cuda_graphs=settings.engine.cuda_graphs,
             # The pool only as the flags set it (not the settings): without them, every slot's whole context.
             block_size=args.block_size or settings.batching.block_size,
             kv_cache_tokens=args.kv_cache_tokens,
@@ -470,9 +472,16 @@ def benchmark(args: argparse.Namespace) -> dict:
 
 
 def _benchmark(
-    args: argparse.Namespace, settings: Settings, inputs: Inputs, llamacpp: list[str] | None, vllm: Path | None
+    args: argparse.Namespace,
+    settings: Settings,
+    inputs: Inputs,
+    llamacpp: list[str] | None,
+    vllm: Path | None,
+    loaded: LoadedModel | None = None,
 ) -> dict:
-    loaded = load(args, settings)
+    """The benchmark on `loaded` (else the model the flags name, loaded now): a run of several workloads on one
+    model compiles its graphs once (`gpu_check`)."""
+    loaded = loaded or load(args, settings)
     check_supported(loaded.model)  # a model the engine cannot run exactly is refused before any request
     if llamacpp is not None:
         try:
@@ -495,7 +504,7 @@ def _benchmark(
             server = stack.enter_context(vllm_server(vllm, vllm_setup, log_dir / "vllm-server.log"))
             peers["vllm"] = VllmPeer(server.url, loaded.name, plan.options.max_batch_size, server.cpu_s)
         runs = run_all(plan, loaded, peers, args.repeat, show=not args.no_progress)
-    floor = measure_floor(loaded.model) if args.floor else None
+    floor = measure_floor(loaded.model, autotune=settings.engine.compile_autotune) if args.floor else None
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}
     modes = {mode: mode_report(run, plan, runs[mode]) for mode, run in medians.items()}
     compare(modes)
@@ -522,6 +531,7 @@ def _benchmark(
         "modes": modes,
         "first_error": first_error(runs),
         "compile_s": compile_s,
+        "cuda_graphs": dict(cuda_graphs.STATS) if loaded.device.type == "cuda" else None,
         "floor": floor,
     }
     if args.plot:
@@ -548,6 +558,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_report(result))
     if result["compile_s"] is not None:
         print(f"compile: the compiled mode's graphs took {result['compile_s']:.1f} s, outside the run times")
+    if result["cuda_graphs"] is not None:
+        graphs = result["cuda_graphs"]
+        print(
+            f"cuda graphs: {graphs.get('captured', 0)} captured, {graphs.get('replayed', 0)} decode steps replayed, "
+            f"{graphs.get('failed', 0)} failed (every mode and the floor together)"
+        )
     if result["floor"] is not None:
         print(format_floor(result["floor"]))
     if args.json:

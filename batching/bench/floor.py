@@ -3,7 +3,8 @@
 The floor is the same maths as the model's linear layers for one `rows`-row decode step, done as one raw matmul
 per input width over all the weights of that width (every weight read once, no attention, no elementwise ops):
 what a step would cost with zero overhead. Our step is a real `ModelRunner` decode step over `history` cached
-tokens, eager and (once its graph is made) compiled.
+tokens, eager and (once its graph is made) compiled; on a GPU the compiled step replays its CUDA graph, and is timed
+without it too.
 """
 
 from __future__ import annotations
@@ -36,9 +37,25 @@ def floor_step(model: PreTrainedModel, rows: int) -> Callable[[], object]:
     return step
 
 
-def decode_step(model: PreTrainedModel, rows: int, history: int, token_id: int, compiled: bool) -> Callable[[], object]:
+def decode_step(
+    model: PreTrainedModel,
+    rows: int,
+    history: int,
+    token_id: int,
+    compiled: bool,
+    autotune: bool = True,
+    cuda_graphs: bool = False,
+) -> Callable[[], object]:
     """A decode step of `rows` rows over `history` cached tokens on a runner of its own; the cache never grows."""
-    runner = ModelRunner(model, rows, history + 64, token_id, compile_steps=compiled)
+    runner = ModelRunner(
+        model,
+        rows,
+        history + 64,
+        token_id,
+        compile_steps=compiled,
+        compile_autotune=autotune,
+        cuda_graphs=cuda_graphs,
+    )
     for row in range(rows):
         runner.claim(f"floor{row}")
     with torch.inference_mode():
@@ -56,21 +73,29 @@ def decode_step(model: PreTrainedModel, rows: int, history: int, token_id: int, 
     return step
 
 
-def measure_floor(model: PreTrainedModel, rows: int = 8, history: int = 100, token_id: int = 0) -> dict:
-    """Median ms per call of the floor and our eager and compiled decode steps, rounds alternating between them."""
+def measure_floor(
+    model: PreTrainedModel, rows: int = 8, history: int = 100, token_id: int = 0, autotune: bool = True
+) -> dict:
+    """Median ms per call of the floor and our eager and compiled decode steps, rounds alternating between them
+    (on a GPU the compiled step with its CUDA graph and without, each call's kernels finished before the clock)."""
+    gpu = model.device.type == "cuda"
     steps = {
         "floor": floor_step(model, rows),
         "eager": decode_step(model, rows, history, token_id, compiled=False),
-        "compiled": decode_step(model, rows, history, token_id, compiled=True),
+        "compiled": decode_step(model, rows, history, token_id, compiled=True, autotune=autotune, cuda_graphs=gpu),
     }
+    if gpu:
+        steps["compiled_no_graphs"] = decode_step(model, rows, history, token_id, compiled=True, autotune=autotune)
     times: dict[str, list[float]] = {name: [] for name in steps}
     with torch.inference_mode():
         for _ in range(ROUNDS):
             for name, step in steps.items():
                 step()
+                _finish(model)
                 start = time.perf_counter()
                 for _ in range(CALLS):
                     step()
+                _finish(model)
                 times[name].append((time.perf_counter() - start) / CALLS * 1000)
     medians = {f"{name}_ms": statistics.median(values) for name, values in times.items()}
     floor = medians["floor_ms"]
@@ -78,9 +103,14 @@ def measure_floor(model: PreTrainedModel, rows: int = 8, history: int = 100, tok
         "rows": rows,
         "history": history,
         **medians,
-        "eager_over_floor": medians["eager_ms"] / floor,
-        "compiled_over_floor": medians["compiled_ms"] / floor,
+        **{f"{name}_over_floor": medians[f"{name}_ms"] / floor for name in steps if name != "floor"},
     }
+
+
+def _finish(model: PreTrainedModel) -> None:
+    """Wait for the device's queued work (a GPU runs a step's kernels after the call returns)."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
 
 
 def format_floor(figures: dict) -> str:
@@ -89,4 +119,10 @@ def format_floor(figures: dict) -> str:
         f"alternating rounds: raw matmuls {figures['floor_ms']:.2f}, ours eager {figures['eager_ms']:.2f} "
         f"({figures['eager_over_floor']:.2f}x the floor), compiled {figures['compiled_ms']:.2f} "
         f"({figures['compiled_over_floor']:.2f}x)"
+        + (
+            f", compiled without CUDA graphs {figures['compiled_no_graphs_ms']:.2f} "
+            f"({figures['compiled_no_graphs_over_floor']:.2f}x)"
+            if "compiled_no_graphs_ms" in figures
+            else ""
+        )
     )

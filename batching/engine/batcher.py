@@ -117,6 +117,7 @@ class Batcher:
             compile_steps=options.compile_steps,
             compile_autotune=options.compile_autotune,
             compile_prompt_steps=options.compile_prompt_steps,
+            cuda_graphs=options.cuda_graphs,
         )
         self.runner.describe_masks = options.step_detail
         self.eos_ids = eos_token_ids(model, tokenizer)

@@ -31,9 +31,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.torch_version import TorchVersion
+
+# The internals it reads (inductor's `CompiledFxGraph` and its `current_callable`, dynamo's cache entries and guard
+# manager, the C++ wrapper's sizes as tensors) were checked on torch 2.13's CPU build only.
+CHECKED_TORCH = "2.13"
+_TORCH_CHECKED = TorchVersion(torch.__version__) >= CHECKED_TORCH  # read once: the runner asks every step
 
 _watch = threading.local()  # `sink`: the list a watched call appends its graph calls to (this thread only)
 _hook_lock = threading.Lock()
+
+
+def direct_calls_supported(device: torch.device) -> bool:
+    """Whether graphs on `device` may be called directly: on a CPU, under a torch it was checked on (a GPU's graphs
+    have Python wrappers, and decode steps there replay CUDA graphs instead: `cuda_graphs`)."""
+    return device.type == "cpu" and _TORCH_CHECKED
 
 
 def _graph_class() -> Any:

@@ -29,6 +29,7 @@ class BatcherOptions:
     compile_steps: bool = False  # decode steps through a compiled graph once it is ready (see engine.compiled)
     compile_autotune: bool = True  # the compiler picks its matrix kernels by timing them (a longer first compile)
     compile_prompt_steps: bool = False  # with compile_steps: steps with prompt chunks through a graph of their own
+    cuda_graphs: bool = True  # with compile_steps on a GPU: decode steps replayed from CUDA graphs (engine.cuda_graphs)
     block_size: int = DEFAULT_BLOCK_SIZE  # KV positions per block
     # The KV pool: at most one of these (none: every slot's whole context, what a cache of full-length slots holds).
     kv_blocks: int | None = None

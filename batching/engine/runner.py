@@ -25,7 +25,8 @@ from batching.engine.attention import (
 )
 from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
 from batching.engine.compiled import Bucket, StepCompiler, fits_prompt_graph, step_compiler
-from batching.engine.direct_call import DirectCall, DirectPath, watching_graph_calls
+from batching.engine.cuda_graphs import DecodeGraphs, Outputs
+from batching.engine.direct_call import DirectCall, DirectPath, direct_calls_supported, watching_graph_calls
 from batching.engine.kv_cache import PagedKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_rows, describe_step, layer_windows
 from batching.engine.model_support import check_supported
@@ -73,6 +74,7 @@ class ModelRunner:
         compile_steps: bool = False,
         compile_autotune: bool = True,
         compile_prompt_steps: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         check_supported(model)  # refuse before any request rather than answer wrongly
         self.model = model
@@ -109,6 +111,7 @@ class ModelRunner:
         self.compiler: StepCompiler | None = None
         self.compiled_steps = 0  # steps a compiled graph answered: what shows it served them
         self.mixed_compiler: StepCompiler | None = None  # steps with prompt chunks (`fits_prompt_graph`)
+        self.graphs: DecodeGraphs | None = None  # on a GPU: compiled decode steps replayed (`cuda_graphs`)
         if compile_steps:
             # A weak reference: the compiler is a value of a weak dictionary keyed by this model.
             shape = (weakref.ref(model), capacity, max_len, pad_token_id, pool.block_size)
@@ -119,6 +122,9 @@ class ModelRunner:
                 self.mixed_compiler = step_compiler(
                     model, capacity, pool.block_size, compile_autotune, warm_mixed, kind="mixed"
                 )
+            if cuda_graphs and self.device.type == "cuda" and layout is None:  # a hybrid's states are not checked
+                compiler = self.compiler
+                self.graphs = DecodeGraphs(capacity, compiler.column_step, compiler.columns(max_len))
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None
@@ -456,6 +462,8 @@ class ModelRunner:
         through `torch.compile`, watched to make the call, then run both ways to check it. None: the normal call."""
         if path.failed or self.cache.recurrent_states is not None:  # a hybrid's states are not checked: normal call
             return None
+        if not direct_calls_supported(self.device):
+            return None
         call = path.call
         if call is None:
             with watching_graph_calls() as seen:
@@ -540,22 +548,39 @@ class ModelRunner:
 
         Eager, rows are exact and each row reads as many blocks as the longest needs. Compiled, rows are padded to
         the bucket's (the padding rows write to the scratch block and read it alone) and the columns rounded up to
-        the bucket's, which the graph keeps symbolic.
+        the bucket's, which the graph keeps symbolic. On a GPU the compiled step is replayed from the bucket's CUDA
+        graph once captured (`cuda_graphs`: the buckets there are every slot and columns in steps of 256).
         """
         cache, rows = self.cache, len(tokens)
+        graphs = self.graphs if step is not None and not trace and self.graphs is not None else None
+        if graphs is not None and not graphs.failed:
+            bucket = graphs.bucket(max(cache.lengths[:rows]) + 1)
+        else:
+            graphs = None
         padded_rows, padded_len = (rows, max(cache.lengths[:rows]) + 1) if step is None or bucket is None else bucket
         pad = padded_rows - rows
+        # The step's inputs as nested lists: input ids, position ids, write slots, write columns, tables, first columns.
+        values: list[list[Any]] = [
+            [tokens + [self.pad_token_id] * pad],
+            [positions + [0] * pad],
+            slots + [cache.scratch_block * cache.pool.block_size] * pad,
+            cache.lengths[:rows] + [0] * pad,
+            cache.tables(padded_rows, cache.pool.blocks_for(padded_len)),
+            cache.padding[:rows] + [0] * pad,
+        ]
+        if graphs is not None and bucket is not None:
+            captured = graphs.replay(bucket, values)
+            if captured is not None:
+                cache.plan, plan = captured.plans
+                self._describe_decode(plan, rows)
+                return self._graph_answer(captured.outputs, rows)
         device = self.device
-        columns = cache.lengths[:rows] + [0] * pad
-        write_columns = torch.tensor(columns, device=device)
-        write_slots = torch.tensor(slots + [cache.scratch_block * cache.pool.block_size] * pad, device=device)
-        tables = torch.tensor(cache.tables(padded_rows, cache.pool.blocks_for(padded_len)), device=device)
+        input_ids, position_ids, write_slots, write_columns, tables, first = (
+            torch.tensor(value, device=device) for value in values
+        )
         paged = self.reads_through_tables and paged_decode.ready()
         cache.plan = StepPlan(slots=write_slots, write_columns=write_columns, tables=tables, paged=paged)
-        first = torch.tensor(cache.padding[:rows] + [0] * pad, device=device)
         mask = RowMask(write_columns[:, None, None, None], first[:, None, None, None], self.model.dtype)
-        input_ids = torch.tensor([tokens + [self.pad_token_id] * pad], device=device)
-        position_ids = torch.tensor([positions + [0] * pad], device=device)
         if trace:
             # Blocks and (with more than two slots) rows stay symbolic: one graph for every decode step. With two
             # slots or fewer every compiled step has all of them (one row is padded to two). Only the step that makes
@@ -570,28 +595,49 @@ class ModelRunner:
         plan = PackedPlan(
             padded_rows, None, None, mask, [], tables.shape[1] * cache.pool.block_size, tables if paged else None
         )
-        if self.describe_masks:  # the real rows only: a compiled step's padding rows are free cache rows
+        self._describe_decode(plan, rows)
+        if cache.recurrent_states is not None:
+            cache.recurrent_states.plan = StatePlan(None)  # rows are the batch, in order, padding rows included
+        inputs = {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "attention_mask": self._placeholder_mask,
+            self.cache_kwarg: cache,
+            "use_cache": True,
+            "logits_to_keep": 0,
+            PLAN_KWARG: plan,
+        }
+        if graphs is not None and bucket is not None and step is not None:
+            compiled = step
+            outputs = graphs.capture(
+                bucket,
+                [input_ids, position_ids, write_slots, write_columns, tables, first],
+                (cache.plan, plan),
+                lambda: cast(Outputs, compiled(self.model, **inputs)),
+                cache.pools(),
+                write_slots,
+            )
+            return self._graph_answer(outputs, rows)
+        roles = [input_ids, position_ids, write_slots, write_columns, tables, first, mask.query_columns]
+        roles += [mask.first_columns, self._placeholder_mask]
+        return self._call(step, rows, self.compiler, roles + self.cache.pools(), **inputs)
+
+    def _describe_decode(self, plan: PackedPlan, rows: int) -> None:
+        """`last_mask` for a decode step, when the batcher asks: the real rows only (a compiled step's padding rows
+        are free cache rows)."""
+        if self.describe_masks:
             singles = [(row, row) for row in range(rows)]
+            cache = self.cache
             self.last_mask = describe_step(
                 plan, singles, cache.lengths, cache.padding, self.windows, self.recurrent_layers
             )
-        if cache.recurrent_states is not None:
-            cache.recurrent_states.plan = StatePlan(None)  # rows are the batch, in order, padding rows included
-        roles = [input_ids, position_ids, write_slots, write_columns, tables, first, mask.query_columns]
-        roles += [mask.first_columns, self._placeholder_mask]
-        return self._call(
-            step,
-            rows,
-            self.compiler,
-            roles + self.cache.pools(),
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=self._placeholder_mask,
-            **{self.cache_kwarg: cache},
-            use_cache=True,
-            logits_to_keep=0,
-            **{PLAN_KWARG: plan},
-        )
+
+    def _graph_answer(self, outputs: Outputs, rows: int) -> torch.Tensor:
+        """A graph's outputs as a compiled call's: greedy choices kept, the first `rows` rows' logits in float32, a
+        copy (the graph's next replay overwrites its outputs)."""
+        logits, greedy = outputs
+        self.last_greedy = greedy_list(greedy[:rows])
+        return logits[:rows].to(torch.float32, copy=True)
 
     def _state_plan(self, singles: list[tuple[int, int]], chunks: list[tuple[int, int, int]]) -> StatePlan:
         """How a hybrid model's mixers split this step: the decode rows as one batch of one-token sequences, and

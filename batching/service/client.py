@@ -54,6 +54,7 @@ def engine_options(settings: Settings, batch_size: int | None = None, policy: st
         compile_steps=settings.engine.compile_steps,
         compile_autotune=settings.engine.compile_autotune,
         compile_prompt_steps=settings.engine.compile_prompt_steps,
+        cuda_graphs=settings.engine.cuda_graphs,
         block_size=settings.batching.block_size,
         kv_cache_tokens=None if settings.batching.kv_cache_mb else settings.batching.kv_cache_tokens,
         kv_cache_mb=settings.batching.kv_cache_mb,

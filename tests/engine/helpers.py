@@ -4,6 +4,7 @@ prompts, reference outputs, a run with late arrivals."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from collections.abc import Iterator
 from functools import cache
@@ -30,13 +31,19 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+# The device and dtype the engine tests load their models on: the CPU in float32, as CI runs them, unless a GPU check
+# asks for another (scripts/gpu_check.sh: BATCHSCOPE_TEST_DEVICE=cuda BATCHSCOPE_TEST_DTYPE=bfloat16). `generate`,
+# the reference, runs on the same device and dtype.
+TEST_DEVICE = os.environ.get("BATCHSCOPE_TEST_DEVICE", "cpu")
+TEST_DTYPE = os.environ.get("BATCHSCOPE_TEST_DTYPE", "float32")
+
 # The attention implementation each model was loaded with: references run on it, not on the engine's.
 _NATIVE_ATTENTION: dict[int, str] = {}
 
 
 @cache
-def loaded(folder: str, dtype: str = "float32") -> LoadedModel:
-    model = load_model(ModelSettings(name_or_path=folder, device="cpu", dtype=dtype))
+def loaded(folder: str, dtype: str | None = None) -> LoadedModel:
+    model = load_model(ModelSettings(name_or_path=folder, device=TEST_DEVICE, dtype=dtype or TEST_DTYPE))
     _NATIVE_ATTENTION[id(model.model)] = model.model.config._attn_implementation
     return model
 
@@ -54,7 +61,10 @@ def _reference(model, prompt_ids: tuple[int, ...], max_new_tokens: int, ignore_e
     try:
         with native_attention(model), torch.inference_mode():
             output = model.generate(
-                torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, attention_mask=None
+                torch.tensor([prompt_ids], device=model.device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                attention_mask=None,
             )
     finally:
         model.generation_config.eos_token_id = eos

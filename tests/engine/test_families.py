@@ -221,5 +221,7 @@ def test_generate_on_a_model_switched_to_the_engine_attention_still_matches_its_
     assert model.config._attn_implementation == ATTENTION_NAME
     prompt = _prompts()[1]
     with torch.inference_mode():  # no plan: soft-cap and sinks take the eager path, windows come in the mask
-        ours = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None)
+        ours = model.generate(
+            torch.tensor([prompt], device=model.device), max_new_tokens=20, do_sample=False, eos_token_id=None
+        )
     assert ours[0, len(prompt) :].tolist() == reference(model, prompt, 20, ignore_eos=True)
