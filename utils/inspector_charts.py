@@ -99,13 +99,14 @@ def packed_sequence_html(sequence: Sequence[tuple[str, str]], limit: int = 600) 
     return f'<div style="line-height:1.9;font-family:monospace">{"".join(chips)}{more}</div><div>{legend}</div>'
 
 
-# allowed, future, another row, padding, outside the window (padding red as in the grid).
-_MASK_COLORS = ["#2563eb", "#e5e7eb", "#f8fafc", "#ef4444", "#a855f7"]
+# allowed, future, another row, padding, outside the window, an earlier chunk (padding red as in the grid).
+_MASK_COLORS = ["#2563eb", "#e5e7eb", "#f8fafc", "#ef4444", "#a855f7", "#f59e0b"]
 
 MASK_CAPTION = (
     "The attention mask the engine built for this step: one line per packed query (in packed order), one column per "
     "key of each row's cache, row after row. Blue = attended; a query never sees another row's keys (the block "
-    "diagonal), keys after itself (causal), padding, or keys beyond a sliding window."
+    "diagonal), keys after itself (causal), padding, keys beyond a sliding window, or (chunked attention) keys of an "
+    "earlier chunk."
 )
 
 

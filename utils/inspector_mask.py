@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from batching.engine.attention import Chunk, Locality
 from batching.engine.events import StepEvent
 from batching.engine.mask_view import CELL_NAMES, StepMask, cell_kinds
 from batching.runs import RunRecord
@@ -30,12 +31,14 @@ def mask_stride(mask: StepMask, limit: int = MASK_CELL_LIMIT) -> int:
     return stride
 
 
-def window_name(window: int | None) -> str:
+def window_name(window: Locality) -> str:
+    if isinstance(window, Chunk):
+        return f"chunked attention {window.size}"
     return "full attention" if window is None else f"sliding window {window}"
 
 
 def mask_frame(
-    step: StepEvent, labels: Mapping[str, str], window: int | None, limit: int = MASK_CELL_LIMIT
+    step: StepEvent, labels: Mapping[str, str], window: Locality, limit: int = MASK_CELL_LIMIT
 ) -> tuple[pd.DataFrame, int]:
     """One cell per (packed query, key column) of the step's mask for layers with `window`; returns the stride.
 

@@ -8,7 +8,9 @@ cache); each prompt chunk gets its own call over its row. Without a plan (e.g. `
 Everything the model's attention module passes is honoured: `scaling`, a per-layer `sliding_window` (a key is
 seen when its column is within the last `window` columns up to the query, as in transformers' masks), values with
 a head size other than the keys', and the two things SDPA cannot express, logit soft-capping (`softcap`) and
-attention sinks (`s_aux`), which take an eager matmul + softmax path used only by the layers that pass them.
+attention sinks (`s_aux`), which take an eager matmul + softmax path used only by the layers that pass them. A
+layer of chunked local attention (Llama 4's, which passes nothing: its layer type says it, `layer_chunk`) sees the
+keys of its own chunk of positions only, a mask rule like the window's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,30 @@ ATTENTION_NAME = "batchscope_packed"
 PLAN_KWARG = "batchscope_plan"
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """Chunked local attention (Llama 4's): positions are cut into chunks of `size`, and a query sees the keys of its
+    own chunk up to itself. Where a layer's sliding window (an int) or None (full attention) would be."""
+
+    size: int
+
+
+# What a layer adds to causal attention over its own row: a sliding window, a chunk, or nothing (None).
+Locality = int | Chunk | None
+# Set by `use_packed_attention` on the attention modules of chunked layers: their `Chunk`.
+CHUNK_ATTRIBUTE = "batchscope_chunk"
+
+
+def layer_chunk(module: torch.nn.Module) -> Chunk | None:
+    """The chunk of a layer whose type is "chunked_attention" (read through the layer's own config: the size may
+    differ per layer), None for any other layer. Its attention function is passed no size: the layer type is all."""
+    config, index = getattr(module, "config", None), getattr(module, "layer_idx", None)
+    kinds = getattr(config, "layer_types", None)
+    if config is None or index is None or not kinds or kinds[index] != "chunked_attention":
+        return None
+    return Chunk(int(config.per_layer_config[index].attention_chunk_size))
+
+
 @dataclass
 class RowMask:
     """Which key columns each query may see: up to its own column, never a padding column (a padding query sees
@@ -37,7 +63,7 @@ class RowMask:
     query_columns: torch.Tensor  # [rows, 1, queries, 1]: the column each query sits at in its own row
     first_columns: torch.Tensor  # [rows, 1, 1, 1]: columns before it hold left padding
     dtype: torch.dtype
-    _additive: dict[int | None, torch.Tensor] = field(default_factory=dict)
+    _additive: dict[Locality, torch.Tensor] = field(default_factory=dict)
 
     def allowed(self, kv_len: int) -> torch.Tensor:
         """`[rows, 1, queries, kv_len]` booleans: True where a query attends."""
@@ -45,16 +71,21 @@ class RowMask:
         own = self.query_columns
         return (columns <= own) & ((columns >= self.first_columns) | (columns == own))
 
-    def additive(self, window: int | None, kv_len: int) -> torch.Tensor:
-        """The additive mask (0 = attend, dtype min = blocked); a window also hides keys `window` or more back.
+    def additive(self, window: Locality, kv_len: int) -> torch.Tensor:
+        """The additive mask (0 = attend, dtype min = blocked); a window also hides keys `window` or more back, a
+        chunk the keys of earlier chunks.
 
-        Built once per step and window, then shared by every layer that asks for it.
+        Built once per step and window (or chunk), then shared by every layer that asks for it.
         """
         mask = self._additive.get(window)
         if mask is None:
             allowed = self.allowed(kv_len)
-            if window is not None:
-                columns = torch.arange(kv_len, device=allowed.device)
+            columns = torch.arange(kv_len, device=allowed.device)
+            if isinstance(window, Chunk):
+                # transformers' chunked overlay: chunks count from a row's first real position (after its padding).
+                first = self.first_columns
+                allowed = allowed & ((columns - first) // window.size == (self.query_columns - first) // window.size)
+            elif window is not None:
                 # Matches transformers' sliding-window overlay: the query itself and the `window - 1` keys before it.
                 allowed = allowed & (columns > self.query_columns - window)
             mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
@@ -173,7 +204,9 @@ def packed_attention(
     """`query` is `[1, heads, tokens, dim]`; `key`/`value` are every row's gathered blocks, `[rows, kv_heads, columns,
     dim]` (see `PagedLayer.update`), taken heads-first here."""
     plan: PackedPlan | GroupedPlan | None = kwargs.get(PLAN_KWARG)
-    window: int | None = kwargs.get("sliding_window")
+    window: Locality = kwargs.get("sliding_window")
+    if window is None:
+        window = getattr(module, CHUNK_ATTRIBUTE, None)
     softcap: float | None = kwargs.get("softcap")
     sinks: torch.Tensor | None = kwargs.get("s_aux")
     if plan is None:
@@ -183,8 +216,10 @@ def packed_attention(
     heads, total = query.shape[1], query.shape[2]  # sizes read from tensors, so a compiled step keeps them symbolic
     output = query.new_empty((1, total, heads, value.shape[3]))
     if plan.tables is not None and plan.single_mask is not None:
-        if softcap is not None or sinks is not None:  # `paged_decode.supports` keeps such models on the gathered path
-            raise ValueError("paged decode attention has no soft-capping or sinks: this model must gather blocks")
+        if softcap is not None or sinks is not None or isinstance(window, Chunk):  # see `paged_decode.supports`
+            raise ValueError(
+                "paged decode attention has no soft-capping, sinks or chunks: the model must gather blocks"
+            )
         scale = query.shape[3] ** -0.5 if scaling is None else scaling
         own, first = plan.single_mask.query_columns.view(-1), plan.single_mask.first_columns.view(-1)
         output[0] = paged_decode(query[0].transpose(0, 1), key, value, plan.tables, own, first, window, scale)
@@ -226,7 +261,7 @@ def _grouped_attention(  # noqa: PLR0913  (attention's own arguments, and the pl
     key: torch.Tensor,
     value: torch.Tensor,
     scaling: float | None,
-    window: int | None,
+    window: Locality,
     softcap: float | None,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
@@ -275,7 +310,12 @@ def _unplanned(
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:
-    """Route the model's attention through `packed_attention` (plain SDPA whenever no plan is passed)."""
+    """Route the model's attention through `packed_attention` (plain SDPA whenever no plan is passed); each chunked
+    layer's attention module is marked with its chunk, read once here rather than at every call."""
+    for module in model.modules():
+        chunk = layer_chunk(module)
+        if chunk is not None:
+            setattr(module, CHUNK_ATTRIBUTE, chunk)
     AttentionInterface.register(ATTENTION_NAME, packed_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
     model.set_attn_implementation(ATTENTION_NAME)  # type: ignore[operator]  # a method, typed as a module

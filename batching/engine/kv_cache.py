@@ -22,6 +22,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from batching.engine.blocks import BlockPool
+from batching.engine.model_support import LayerKV
 from batching.engine.recurrent import RecurrentLayout, RecurrentStates
 
 
@@ -120,6 +121,10 @@ class PagedKVCache(Cache):
         self._owner_of: list[str | None] = [None] * capacity
         empty = torch.zeros(0, dtype=torch.long)
         self.plan = StepPlan(slots=empty, write_columns=empty, tables=empty.view(0, 0))
+        # The step's attention plan and position ids, for attention classes the model passes neither down to
+        # (Falcon's, Llama 4's temperature-tuned layers: `routed_attention`); the runner sets them with each step.
+        self.attention_plan: object = None
+        self.position_ids: torch.Tensor | None = None
         self.paged_layers = [PagedLayer(self) for _ in range(num_layers)]  # the same objects as `layers`, typed
         super().__init__(layers=list(self.paged_layers))
         # A hybrid model's per-request states, one row per cache row (None: keys and values are all it keeps).
@@ -247,12 +252,14 @@ class PagedKVCache(Cache):
     def is_recording_past(self, layer_idx: int) -> bool:
         return False
 
-    def allocate(self, kv_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype) -> None:
-        """Every layer's pools now, on the cache's device, rather than on the first forward pass."""
-        keys = torch.empty((1, kv_heads, 0, key_dim), dtype=dtype, device=self.device)
-        values = torch.empty((1, kv_heads, 0, value_dim), dtype=dtype, device=self.device)
-        for layer in self.paged_layers:
+    def allocate(self, layers: Sequence[LayerKV], dtype: torch.dtype) -> None:
+        """These layers' pools now, on the cache's device, rather than on the first forward pass (each its own head
+        count and sizes; a layer not listed writes no keys and values and holds no pool)."""
+        for shape in layers:
+            layer = self.paged_layers[shape.layer]
             if not layer.is_initialized:
+                keys = torch.empty((1, shape.kv_heads, 0, shape.key_dim), dtype=dtype, device=self.device)
+                values = torch.empty((1, shape.kv_heads, 0, shape.value_dim), dtype=dtype, device=self.device)
                 layer.lazy_initialization(keys, values)
 
     def initialized_layers(self) -> list[PagedLayer]:

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from batching.engine.attention import PackedPlan
+from batching.engine.attention import Chunk, Locality, PackedPlan
 from batching.engine.model_support import probe_attention
 
 # What one cell (query x key column) of a step's mask is, in legend order.
-ALLOWED, FUTURE, OTHER_ROW, PADDING, OUTSIDE_WINDOW = range(5)
-CELL_NAMES = ("allowed", "future (causal)", "another row", "padding", "outside the window")
+ALLOWED, FUTURE, OTHER_ROW, PADDING, OUTSIDE_WINDOW, OUTSIDE_CHUNK = range(6)
+CELL_NAMES = ("allowed", "future (causal)", "another row", "padding", "outside the window", "an earlier chunk")
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,10 @@ class MaskRow:
 @dataclass(frozen=True)
 class StepMask:
     """The masks of one forward pass: its rows in packed order, and the model's distinct sliding windows (None: full
-    attention), each layer using one of them."""
+    attention; a `Chunk`: chunked local attention), each layer using one of them."""
 
     rows: tuple[MaskRow, ...]
-    windows: tuple[int | None, ...]
+    windows: tuple[Locality, ...]
     # A hybrid's conv / SSM / linear-attention layers: no mask (each request's tokens run through its own state).
     recurrent_layers: int = 0
 
@@ -63,7 +63,7 @@ def describe_step(
     singles: Sequence[tuple[int, int]],
     first_columns: Sequence[int],
     padding: Sequence[int],
-    windows: tuple[int | None, ...],
+    windows: tuple[Locality, ...],
     recurrent_layers: int = 0,
 ) -> StepMask:
     """The runner's step, from its plan and what the plan was built from: `singles` (row, packed index), each
@@ -78,7 +78,7 @@ def describe_rows(
     chunks: Sequence[tuple[int, int, int, int]],
     first_columns: Sequence[int],
     padding: Sequence[int],
-    windows: tuple[int | None, ...],
+    windows: tuple[Locality, ...],
     recurrent_layers: int = 0,
 ) -> StepMask:
     """A step's masks from its rows: `singles` (row, packed index) read `single_kv_len` columns in one batched
@@ -92,21 +92,25 @@ def describe_rows(
     return StepMask(tuple(row for _, row in placed), windows, recurrent_layers)
 
 
-def layer_windows(model: PreTrainedModel) -> tuple[int | None, ...]:
-    """The model's distinct sliding windows in layer order (None: a full-attention layer), as its layers pass them."""
-    return tuple(dict.fromkeys(layer.sliding_window for layer in probe_attention(model)))
+def layer_windows(model: PreTrainedModel) -> tuple[Locality, ...]:
+    """The model's distinct sliding windows in layer order (None: a full-attention layer; a `Chunk`: a chunked one),
+    as its layers pass them."""
+    return tuple(dict.fromkeys(layer.locality for layer in probe_attention(model)))
 
 
-def row_cells(row: MaskRow, window: int | None) -> torch.Tensor:
-    """One row's own block, `[queries, kv_len]`, as cell kinds (ALLOWED, FUTURE, PADDING, OUTSIDE_WINDOW)."""
+def row_cells(row: MaskRow, window: Locality) -> torch.Tensor:
+    """One row's own block, `[queries, kv_len]`, as cell kinds (ALLOWED, FUTURE, PADDING, OUTSIDE_WINDOW,
+    OUTSIDE_CHUNK)."""
     own = torch.arange(row.first_column, row.first_column + row.queries)
     return _kinds(row, window, own[:, None], torch.arange(row.kv_len)[None, :])
 
 
-def _kinds(row: MaskRow, window: int | None, own: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+def _kinds(row: MaskRow, window: Locality, own: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
     """Cell kinds of queries at cache columns `own` [q, 1] over key columns `columns` [1, k], by the runner's rules."""
     cells = torch.full((own.shape[0], columns.shape[1]), ALLOWED, dtype=torch.int8)
-    if window is not None:
+    if isinstance(window, Chunk):  # chunks count from the row's first real position
+        cells[(columns - row.padding) // window.size != (own - row.padding) // window.size] = OUTSIDE_CHUNK
+    elif window is not None:
         cells[columns <= own - window] = OUTSIDE_WINDOW
     padded = columns < row.padding
     if not row.batched:
@@ -116,7 +120,7 @@ def _kinds(row: MaskRow, window: int | None, own: torch.Tensor, columns: torch.T
     return cells
 
 
-def cell_kinds(mask: StepMask, window: int | None, stride: int = 1) -> torch.Tensor:
+def cell_kinds(mask: StepMask, window: Locality, stride: int = 1) -> torch.Tensor:
     """The step's whole mask, packed queries x every row's key columns side by side: `[queries, keys]` cell kinds.
 
     A query sees its own row's block only (block-diagonal). `stride` > 1 keeps every stride-th query and key (only

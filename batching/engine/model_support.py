@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface, DynamicCache, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from batching.engine.recurrent import RECURRENT_LAYER_TYPES, RecurrentLayout, recurrent_layout
+from batching.engine.attention import Chunk, Locality, layer_chunk
+from batching.engine.recurrent import RECURRENT_LAYER_TYPES, RecurrentLayout, cache_kwarg, recurrent_layout
+from batching.engine.routed_attention import refusal, route_attention
 
 PROBE_NAME = "batchscope_probe"
 # Layer kinds whose state is keys and values per token, which the paged cache holds.
-ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
 # Layer kinds that call attention and also keep a recurrent state (Falcon-H1, Zamba 2).
 BOTH_LAYER_TYPES = frozenset({"hybrid", "hybrid_sliding"})
 # Layer kinds that keep no state at all (Nemotron-H's feed-forward-only layers).
@@ -42,9 +44,30 @@ class LayerAttention:
     sinks: bool
     key_dim: int
     value_dim: int
+    chunk: int | None = None  # chunked local attention's chunk size (Llama 4), from the layer's type and config
+
+    @property
+    def locality(self) -> Locality:
+        """What the layer adds to causal attention: its sliding window, its chunk, or None."""
+        return Chunk(self.chunk) if self.chunk is not None else self.sliding_window
 
 
-_probed: weakref.WeakKeyDictionary[torch.nn.Module, tuple[LayerAttention, ...]] = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class LayerKV:
+    """What one layer writes to the cache for each token: its key heads, each head's key and value size."""
+
+    layer: int
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.kv_heads * (self.key_dim + self.value_dim) * dtype.itemsize
+
+
+_probed: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[LayerAttention, ...], tuple[LayerKV, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def model_type(model: PreTrainedModel) -> str:
@@ -63,7 +86,11 @@ def check_supported(model: PreTrainedModel) -> None:
             f"model type {name} is not supported: it has {', '.join(other)} layers; the engine runs full and "
             "sliding-window attention, convolution, SSM and linear-attention layers"
         )
-    if recurrent_layout_or_refusal(model) is None and not getattr(model, "_supports_attention_backend", False):
+    reason = refusal(model)
+    if reason:
+        raise UnsupportedModelError(f"model type {name} is not supported: {reason}")
+    routes = getattr(model, "_supports_attention_backend", False) or route_attention(model)
+    if recurrent_layout_or_refusal(model) is None and not routes:
         raise UnsupportedModelError(
             f"model type {name} is not supported: its attention does not route through transformers' attention "
             "interface, so the engine cannot split it per request (it would need its attention class to call "
@@ -111,9 +138,43 @@ def recurrent_state_bytes(model: PreTrainedModel) -> int:
 
 def probe_attention(model: PreTrainedModel) -> tuple[LayerAttention, ...]:
     """What each attention call of one forward pass passes (memoised per model)."""
+    return _probe(model)[0]
+
+
+def kv_layers(model: PreTrainedModel) -> tuple[LayerKV, ...]:
+    """The layers that write keys and values to the cache, in layer order, with what each writes per token (from the
+    same probe forward as `probe_attention`, through transformers' own cache; memoised).
+
+    Not from the config: head sizes and key-head counts may differ per layer (Gemma 4's full-attention layers, read
+    through `config.per_layer_config[i]`), MLA writes a latent and a rotary key rather than heads, and a layer that
+    reuses an earlier layer's keys and values (Gemma 4's last layers) writes none, so it holds no memory of its own
+    in the pool. Recurrent and feed-forward-only layers write none either.
+    """
+    return _probe(model)[1]
+
+
+class _KVRecordingCache(DynamicCache):
+    """transformers' cache, noting the shapes each layer writes (its first `update`)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config=config)
+        self.written: dict[int, LayerKV] = {}
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        heads, key_dim, value_dim = key_states.shape[1], key_states.shape[-1], value_states.shape[-1]
+        self.written.setdefault(layer_idx, LayerKV(layer_idx, heads, key_dim, value_dim))
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def _probe(model: PreTrainedModel) -> tuple[tuple[LayerAttention, ...], tuple[LayerKV, ...]]:
+    """One forward of a single token with a recording attention function and a recording cache, with the engine's
+    routing in place (`routed_attention`): what every attention call passes, and what every layer writes."""
     known = _probed.get(model)
     if known is not None:
         return known
+    route_attention(model)
     calls: list[LayerAttention] = []
 
     def record(
@@ -124,7 +185,7 @@ def probe_attention(model: PreTrainedModel) -> tuple[LayerAttention, ...]:
         attention_mask: torch.Tensor | None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
-        window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
+        window, softcap, chunk = kwargs.get("sliding_window"), kwargs.get("softcap"), layer_chunk(module)
         calls.append(
             LayerAttention(
                 sliding_window=int(window) if window is not None else None,
@@ -132,6 +193,7 @@ def probe_attention(model: PreTrainedModel) -> tuple[LayerAttention, ...]:
                 sinks=kwargs.get("s_aux") is not None,
                 key_dim=key.shape[-1],
                 value_dim=value.shape[-1],
+                chunk=chunk.size if chunk is not None else None,
             )
         )
         return query.new_zeros((query.shape[0], query.shape[2], query.shape[1], value.shape[-1])), None
@@ -140,14 +202,16 @@ def probe_attention(model: PreTrainedModel) -> tuple[LayerAttention, ...]:
     AttentionMaskInterface.register(PROBE_NAME, sdpa_mask)
     previous = model.config._attn_implementation
     model.set_attn_implementation(PROBE_NAME)
+    cache = _KVRecordingCache(model.config)
     try:
         with torch.inference_mode():
-            model(input_ids=torch.ones((1, 1), dtype=torch.long, device=model.device), use_cache=False)
+            ids = torch.ones((1, 1), dtype=torch.long, device=model.device)
+            model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
     finally:
         model.set_attn_implementation(previous)
-    layers = tuple(calls)
-    _probed[model] = layers
-    return layers
+    probed = (tuple(calls), tuple(layer for _, layer in sorted(cache.written.items())))
+    _probed[model] = probed
+    return probed
 
 
 def attention_features(model: PreTrainedModel) -> str:
@@ -160,6 +224,11 @@ def attention_features(model: PreTrainedModel) -> str:
         windowed = sum(layer.sliding_window is not None for layer in layers)
         sizes = "/".join(str(window) for window in windows)
         parts.append(f"sliding window {sizes} on {windowed} of {len(layers)} layers")
+    chunks = sorted({layer.chunk for layer in layers if layer.chunk is not None})
+    if chunks:
+        chunked = sum(layer.chunk is not None for layer in layers)
+        sizes = "/".join(str(chunk) for chunk in chunks)
+        parts.append(f"chunked attention {sizes} on {chunked} of {len(layers)} layers")
     softcaps = sorted({layer.softcap for layer in layers if layer.softcap is not None})
     if softcaps:
         parts.append("soft-cap " + "/".join(f"{value:g}" for value in softcaps))
@@ -168,6 +237,12 @@ def attention_features(model: PreTrainedModel) -> str:
     if any(layer.key_dim != layer.value_dim for layer in layers):
         first = next(layer for layer in layers if layer.key_dim != layer.value_dim)
         parts.append(f"key head {first.key_dim}, value head {first.value_dim}")
+    head_sizes = sorted({layer.key_dim for layer in layers})
+    if len(head_sizes) > 1:
+        parts.append("head sizes " + "/".join(str(size) for size in head_sizes))
+    reusing = len(layers) - len(kv_layers(model))
+    if reusing > 0:
+        parts.append(f"{reusing} of {len(layers)} layers reuse earlier layers' keys and values")
     limit = rope_length_limit(model)
     if limit is not None:
         parts.append(f"longrope, context capped at its original {limit}")
@@ -222,16 +297,6 @@ def model_context_length(model: PreTrainedModel) -> int:
 
 
 def kv_bytes_per_token(model: PreTrainedModel) -> int:
-    """Bytes of keys and values one token takes in the cache, every layer together, read from the config: heads
-    times head size, keys and values apart (their sizes may differ), or MLA's compressed latent and rotary key."""
-    config = model.config.get_text_config()
-    heads = getattr(config, "num_attention_heads", 1)
-    layers = attention_layer_count(model)
-    kv_lora_rank = getattr(config, "kv_lora_rank", None)
-    if kv_lora_rank:  # DeepSeek's MLA caches one latent and one rotary key per token and layer
-        per_layer = kv_lora_rank + config.qk_rope_head_dim
-    else:
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        per_layer = kv_heads * (head_dim + (getattr(config, "v_head_dim", None) or head_dim))
-    return layers * per_layer * model.dtype.itemsize
+    """Bytes of keys and values one token takes in the cache, every layer that writes them together (`kv_layers`):
+    heads times head size, keys and values apart (their sizes may differ; MLA's are its latent and rotary key)."""
+    return sum(layer.bytes_per_token(model.dtype) for layer in kv_layers(model))

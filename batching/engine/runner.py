@@ -29,7 +29,7 @@ from batching.engine.cuda_graphs import DecodeGraphs, Outputs
 from batching.engine.direct_call import DirectCall, DirectPath, direct_calls_supported, watching_graph_calls
 from batching.engine.kv_cache import PagedKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_rows, describe_step, layer_windows
-from batching.engine.model_support import check_supported
+from batching.engine.model_support import check_supported, kv_layers
 from batching.engine.recurrent import StateGroup, StatePlan, cache_kwarg, recurrent_layout, split_mixers
 from batching.engine.sampling import greedy_list
 
@@ -100,12 +100,9 @@ class ModelRunner:
         with torch.inference_mode():
             self.cache = PagedKVCache(num_layers, capacity, max_len, pool, self.device, layout)
             if self.reads_through_tables:
-                # These families' keys and values have the config's shapes: the pools are allocated now, so the
-                # first step (every request's first chunk) may take a compiled graph, which cannot allocate them.
-                config = model.config.get_text_config()
-                head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-                kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-                self.cache.allocate(kv_heads, head_dim, head_dim, model.dtype)
+                # The pools are allocated now, each layer's as the probe saw it write, so the first step (every
+                # request's first chunk) may take a compiled graph, which cannot allocate them.
+                self.cache.allocate(kv_layers(model), model.dtype)
             # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
             self._placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=self.device)
         self.compiler: StepCompiler | None = None
@@ -220,9 +217,10 @@ class ModelRunner:
             self.last_mask = self._describe(packed, blocks * cache.pool.block_size)
         if cache.recurrent_states is not None:
             cache.recurrent_states.plan = self._state_plan(singles, chunks)
+        cache.attention_plan, cache.position_ids = plan, torch.tensor([positions], device=device)
         output = self.model(
             input_ids=torch.tensor([input_ids], device=device),
-            position_ids=torch.tensor([positions], device=device),
+            position_ids=cache.position_ids,
             attention_mask=self._placeholder_mask,
             **{self.cache_kwarg: cache},
             use_cache=True,
@@ -443,6 +441,7 @@ class ModelRunner:
         step also answers each row's greedy choice (`sampling.greedy_choices`, in the graph): kept in `last_greedy`.
         `roles`: every tensor the step passes (its inputs, its plans' and the pools), for calling its graph directly
         (`direct_call`)."""
+        self.cache.attention_plan, self.cache.position_ids = inputs[PLAN_KWARG], inputs["position_ids"]
         if step is None:
             output: Any = self.model(**inputs)
             return output.logits[0, :rows].float()

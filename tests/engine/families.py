@@ -139,6 +139,29 @@ FAMILIES: tuple[Family, ...] = (
             "tie_word_embeddings": False,
         },
     ),
+    # Gemma 4's per-layer geometry: its full-attention layers have another head size and one key head shared by
+    # keys and values (k = v), proportional rope on a quarter of their head; per-layer inputs; and the last two
+    # layers reuse the keys and values of the last earlier layer of their kind (they write none).
+    Family(
+        "gemma4",
+        "gemma4_text",
+        f"window {WINDOW} / global layers (head 32, k = v, 1 key head, proportional rope), per-layer inputs, "
+        "last 2 layers reuse KV",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "num_global_key_value_heads": 1,
+            "attention_k_eq_v": True,
+            "sliding_window": WINDOW,
+            "layer_types": _MIXED * 2,
+            "num_kv_shared_layers": 2,
+            "hidden_size_per_layer_input": 16,
+            "vocab_size_per_layer_input": TINY_VOCAB,
+            "final_logit_softcapping": 30.0,
+            "tie_word_embeddings": False,
+        },
+    ),
     Family(
         "cohere2",
         "cohere2",
@@ -221,12 +244,19 @@ FAMILIES: tuple[Family, ...] = (
         },
         decoder=False,
     ),
+    # Falcon computes attention in its own class: the engine routes it through the attention interface.
     Family(
         "falcon",
         "falcon",
-        "new decoder architecture",
+        "new decoder architecture, 2 key heads for 4 query heads",
         {"new_decoder_architecture": True, "num_kv_heads": 2},
-        refused="does not route through transformers' attention interface",
+    ),
+    Family(
+        "falcon_alibi",
+        "falcon",
+        "ALiBi positions (Falcon-RW)",
+        {"alibi": True, "new_decoder_architecture": False, "num_kv_heads": 4},
+        refused="ALiBi",
     ),
     Family("lfm2", "lfm2", "short convolution layers", {"layer_types": ["conv", "full_attention"]}),
     Family(
@@ -339,14 +369,15 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "llama4",
         "llama4_text",
-        "chunked attention",
+        f"chunked attention {WINDOW}, a NoPE layer with attention temperature from position {WINDOW - 1}, experts",
         {
             "head_dim": 16,
-            "attention_chunk_size": 8,
+            "attention_chunk_size": WINDOW,
+            "no_rope_layers": [1, 0],
+            "floor_scale": WINDOW,
             "num_local_experts": 2,
             "intermediate_size_mlp": 128,
         },
-        refused="chunked_attention",
     ),
     Family(
         "mamba",

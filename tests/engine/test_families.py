@@ -9,10 +9,17 @@ from collections.abc import Iterator
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from transformers.integrations.heterogeneity.configuration_utils import AmbiguousGlobalPerLayerAttributeError
 
 from batching.engine.batcher import MODES, Batcher
 from batching.engine.events import Event, FinishedEvent, RowKind
-from batching.engine.model_support import UnsupportedModelError, attention_features, model_context_length
+from batching.engine.model_support import (
+    UnsupportedModelError,
+    attention_features,
+    kv_bytes_per_token,
+    kv_layers,
+    model_context_length,
+)
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from tests.engine.families import FAMILIES, ORIGINAL_CONTEXT, WINDOW
@@ -35,7 +42,7 @@ COMPILED_CONTEXT = 96  # the longest request (prompt 30, cap 60) fits
 ONE_TOKEN = (RowKind.DECODE, RowKind.HELD)  # a step whose rows are all these is a decode step
 # Families whose steps with prompt chunks also go through a compiled graph here (10-20 s a graph): the plain case,
 # a sliding window with soft-capping, attention sinks, MLA's value head size, and learned positions.
-PROMPT_GRAPH_FAMILIES = ["llama", "gemma2", "gpt_oss", "deepseek_v3", "opt"]
+PROMPT_GRAPH_FAMILIES = ["llama", "gemma2", "gpt_oss", "deepseek_v3", "opt", "gemma4"]
 
 
 def _prompts() -> list[list[int]]:
@@ -190,6 +197,52 @@ def test_attention_features_name_windows_softcap_sinks_and_head_sizes(family_mod
     assert features("gpt_oss") == f"sliding window {WINDOW} on 1 of 2 layers, attention sinks"
     assert features("deepseek_v3") == "key head 24, value head 20"
     assert features("phi3") == f"longrope, context capped at its original {ORIGINAL_CONTEXT}"
+    assert features("llama4") == f"chunked attention {WINDOW} on 1 of 2 layers"
+    reuse = "2 of 4 layers reuse earlier layers' keys and values"
+    assert features("gemma4") == f"sliding window {WINDOW} on 2 of 4 layers, head sizes 16/32, {reuse}"
+
+
+def test_gemma4s_pool_holds_each_layers_own_shape_read_through_that_layers_config(family_model_dirs) -> None:
+    """Gemma 4's layers differ: its full-attention layers have another head size and key-head count, and its last
+    layers reuse the keys and values of earlier ones. Every per-layer attribute, read through the layer's own config
+    (the global one refuses to answer), is what the pool holds for that layer; a layer reusing another's holds none,
+    and the bytes a token takes count the writing layers only."""
+    loaded_model = loaded(str(family_model_dirs["gemma4"]))
+    model = loaded_model.model
+    config = model.config.get_text_config()
+    assert config.per_layer_attributes == {"head_dim", "num_key_value_heads"}
+    for attribute in config.per_layer_attributes:
+        with pytest.raises(AmbiguousGlobalPerLayerAttributeError):
+            getattr(config, attribute)
+    writers = [layer for layer, mode in enumerate(config.kv_sharing_modes) if mode != "reuse"]
+    assert writers == [0, 1]  # layers 2 and 3 reuse them
+    batcher = Batcher(model, loaded_model.tokenizer, BatcherOptions(max_batch_size=2, max_batched_tokens=12))
+    run_with_late_arrivals(batcher, _prompts()[:3], [5, 5, 5], late_from=2, join_at_step=2, ignore_eos=True)
+    held = {
+        index: (layer.keys.shape[0], layer.keys.shape[3], layer.values.shape[0], layer.values.shape[3])
+        for index, layer in enumerate(batcher.runner.cache.paged_layers)
+        if layer.is_initialized
+    }
+    expected = {}
+    for index in writers:
+        own = config.per_layer_config[index]
+        expected[index] = (own.num_key_value_heads, own.head_dim, own.num_key_value_heads, own.head_dim)
+    assert held == expected and len(set(expected.values())) == 2  # the two writers' shapes differ
+    per_token = sum(heads * (keys + values) for heads, keys, _, values in held.values())
+    assert kv_bytes_per_token(model) == per_token * model.dtype.itemsize
+
+
+def test_falcons_routed_attention_caches_each_key_head_once(family_model_dirs) -> None:
+    """Falcon's own cache holds each key head broadcast over its query group; routed through the attention
+    interface, the pool holds it once (grouped-query attention reads it for the group)."""
+    loaded_model = loaded(str(family_model_dirs["falcon"]))
+    model = loaded_model.model
+    config = model.config
+    assert config.num_kv_heads < config.num_attention_heads
+    batcher = Batcher(model, loaded_model.tokenizer, BatcherOptions(max_batch_size=2))
+    run_with_late_arrivals(batcher, _prompts()[:2], [4, 4], late_from=2, join_at_step=0, ignore_eos=True)
+    assert [layer.keys.shape[0] for layer in batcher.runner.cache.initialized_layers()] == [config.num_kv_heads] * 2
+    assert all(layer.kv_heads == config.num_kv_heads for layer in kv_layers(model))
 
 
 def test_a_longrope_request_that_would_cross_the_original_context_is_refused(family_model_dirs) -> None:
@@ -212,7 +265,7 @@ def test_the_docs_table_of_families_is_what_the_matrix_prints() -> None:
     assert "\n".join(summary()) in readme, "the README's model table is stale: paste the second table printed"
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "mistral"])
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "mistral", "falcon", "llama4", "gemma4"])
 def test_generate_on_a_model_switched_to_the_engine_attention_still_matches_its_own(family_model_dirs, name) -> None:
     from batching.engine.attention import ATTENTION_NAME
 

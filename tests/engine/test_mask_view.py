@@ -10,13 +10,14 @@ import torch
 from transformers import AttentionInterface
 
 import batching.engine.paged_decode as paged_decode
-from batching.engine.attention import ATTENTION_NAME, PackedPlan, packed_attention
+from batching.engine.attention import ATTENTION_NAME, CHUNK_ATTRIBUTE, Chunk, Locality, PackedPlan, packed_attention
 from batching.engine.batcher import Batcher
 from batching.engine.events import StepEvent
 from batching.engine.mask_view import (
     ALLOWED,
     FUTURE,
     OTHER_ROW,
+    OUTSIDE_CHUNK,
     OUTSIDE_WINDOW,
     PADDING,
     MaskRow,
@@ -31,7 +32,7 @@ from tests.tiny_models import save_tiny_models
 from utils.inspector_mask import mask_frame
 
 # Per forward pass: for each window a layer passed, the allowed cells of every packed row as attention got them.
-Seen = list[dict[int | None, list[torch.Tensor]]]
+Seen = list[dict[Locality, list[torch.Tensor]]]
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +42,25 @@ def llama(tiny_model_dirs):
     return loaded(str(tiny_model_dirs["llama"]))
 
 
-@pytest.fixture(scope="module")
-def windowed(tmp_path_factory):
-    """Cohere2's tiny config: a window of 8 on the first layer, full attention on the second."""
-    family = next(family for family in FAMILIES if family.name == "cohere2")
+def _family_model(tmp_path_factory, name: str):
+    family = next(family for family in FAMILIES if family.name == name)
     folders = save_tiny_models(tmp_path_factory.mktemp("mask-models"), {family.name: family.config()})
     return loaded(str(folders[family.name]))
 
 
-def _packed_rows(plan: PackedPlan, window: int | None) -> list[torch.Tensor]:
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """Cohere2's tiny config: a window of 8 on the first layer, full attention on the second."""
+    return _family_model(tmp_path_factory, "cohere2")
+
+
+@pytest.fixture(scope="module")
+def chunked(tmp_path_factory):
+    """Llama 4's tiny config: chunked attention in chunks of 8 on the first layer, full attention on the second."""
+    return _family_model(tmp_path_factory, "llama4")
+
+
+def _packed_rows(plan: PackedPlan, window: Locality) -> list[torch.Tensor]:
     """Each packed row's allowed cells `[queries, kv_len]`, read from the additive masks the plan handed attention.
 
     A step read through the block tables has one query row per token (a chunk's tokens too): see `_by_request_row`."""
@@ -77,7 +88,7 @@ def recording_attention() -> Iterator[Seen]:
         if not plans or plans[-1] is not plan:
             plans.append(plan)
             seen.append({})
-        window = kwargs.get("sliding_window")
+        window = kwargs.get("sliding_window") or getattr(module, CHUNK_ATTRIBUTE, None)
         seen[-1][window] = _packed_rows(plan, window)
         return output
 
@@ -164,6 +175,26 @@ def test_a_sliding_window_models_masks_are_described_per_window(windowed, mode: 
     assert cut, "no step reached past the window"
     kinds = {window: set(mask_frame(cut[0], {}, window)[0]["kind"]) for window in (WINDOW, None)}
     assert "outside the window" in kinds[WINDOW] and "outside the window" not in kinds[None]
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+def test_a_chunked_attention_models_masks_are_described_per_chunk(chunked, mode: str) -> None:
+    prompts = [list(range(5, 5 + 14)), list(range(30, 30 + 3)), list(range(40, 40 + 11))]
+    steps, seen = _steps(chunked, mode, prompts, [12, 15, 4], max_batch_size=2, max_batched_tokens=5)
+    _assert_described_masks_are_the_real_ones(steps, seen)
+    assert steps[0].mask.windows == (Chunk(WINDOW), None)
+    cut = [step for step in steps if (cell_kinds(step.mask, Chunk(WINDOW)) == OUTSIDE_CHUNK).any()]
+    assert cut, "no step reached a second chunk"
+    kinds = {window: set(mask_frame(cut[0], {}, window)[0]["kind"]) for window in (Chunk(WINDOW), None)}
+    assert "an earlier chunk" in kinds[Chunk(WINDOW)] and "an earlier chunk" not in kinds[None]
+
+
+def test_a_chunked_rows_chunks_count_from_its_first_real_position() -> None:
+    # A static wave's row with 3 columns of left padding, at columns 3-12 (positions 0-9), chunks of 4 positions:
+    # the query at column 12 (position 9) sees positions 8-9 only (columns 11-12).
+    row = MaskRow(0, 12, 1, 13, 3, True)
+    a, p, c = ALLOWED, PADDING, OUTSIDE_CHUNK
+    assert row_cells(row, Chunk(4)).tolist() == [[p, p, p, c, c, c, c, c, c, c, c, a, a]]
 
 
 def test_a_static_prefill_mask_by_hand(llama) -> None:
