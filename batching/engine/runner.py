@@ -588,9 +588,13 @@ class ModelRunner:
             for pool in cache.pools():  # any pool size: the scratch pool is smaller than a batcher's
                 torch._dynamo.mark_dynamic(pool, 1)
             if cache.capacity > 2:
+                # Rows may be specialised after all: a hybrid's mixers take rows as their batch, and inductor's
+                # linear fusion compares the batch with the sizes of a parameter added to a projection (Qwen3.5's
+                # dt_bias: its head count), which guards the count off that size, or on it when they are equal
+                # while tracing. `_warm_bucket` then makes a graph for every count the first graph refuses.
                 by_row = [(input_ids, 1), (position_ids, 1), (write_slots, 0), (write_columns, 0), (tables, 0)]
                 for tensor, dim in [*by_row, (mask.query_columns, 0), (mask.first_columns, 0)]:
-                    torch._dynamo.mark_dynamic(tensor, dim)
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
         plan = PackedPlan(
             padded_rows, None, None, mask, [], tables.shape[1] * cache.pool.block_size, tables if paged else None
         )
@@ -729,7 +733,9 @@ def _warm_bucket(
     forward: Callable[..., object],
     bucket: Bucket,
 ) -> None:
-    """Run one decode step of this shape through the compiled forward on a scratch runner."""
+    """Run one decode step of this shape through the compiled forward on a scratch runner, which makes its graph;
+    then one of every smaller row count a decode step may have (2 up: one row is padded to two), so a count the
+    graph's guards refuse gets a graph of its own now, never in a step. Most models' first graph takes them all."""
     rows, columns = bucket
     scratch = _scratch_runner(model_ref, capacity, max_len, pad_token_id, block_size, rows, columns)
     if scratch.reads_through_tables:
@@ -737,6 +743,8 @@ def _warm_bucket(
     scratch.cache.lengths[:rows] = [columns - 1] * rows
     slots = [scratch.cache.slots(row, columns - 1, 1)[0] for row in range(rows)]
     scratch._decode_with([pad_token_id] * rows, [0] * rows, slots, forward, bucket, trace=True)
+    for count in range(2, rows):
+        scratch._decode_with([pad_token_id] * count, [0] * count, slots[:count], forward, (count, columns))
 
 
 @torch.inference_mode()

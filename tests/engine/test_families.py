@@ -39,6 +39,9 @@ RECURRENT = [family.name for family in FAMILIES if family.recurrent]
 CAPS = [1, 60, 3, 17, 40, 2, 25, 9]
 LONGEST_PROMPT = 30  # several chunks under the token budget below, and far past the sliding window
 COMPILED_CONTEXT = 96  # the longest request (prompt 30, cap 60) fits
+# Compiled decode steps of every row count from 1 to this run through the graphs made up front (2 and 4 are small
+# hybrids' value-head counts: see families.py).
+COMPILED_SLOTS = 4
 ONE_TOKEN = (RowKind.DECODE, RowKind.HELD)  # a step whose rows are all these is a decode step
 # Families whose steps with prompt chunks also go through a compiled graph here (10-20 s a graph): the plain case,
 # a sliding window with soft-capping, attention sinks, MLA's value head size, and learned positions.
@@ -91,6 +94,17 @@ def test_greedy_output_equals_generate_for_every_supported_family(family_model_d
 def test_preemption_and_prefix_hits_stay_exact_for_every_supported_family(family_model_dirs, name: str) -> None:
     """A pool too small for three requests at once (preemptions, recomputed) and prompts sharing a 12-token prefix
     (the late ones find its blocks cached): every answer still equals `generate`, every block comes back."""
+    _assert_exact_through_preemptions_and_prefix_hits(family_model_dirs, name, compiled=False)
+
+
+@pytest.mark.slow
+def test_gemma4s_compiled_decode_steps_stay_exact_through_preemptions_and_prefix_hits(family_model_dirs) -> None:
+    """The same with compiled decode steps, for the family whose layers share keys and values: a preempted request's
+    recomputed blocks and a prefix hit's shared ones are read by the reusing layers through the graph too."""
+    _assert_exact_through_preemptions_and_prefix_hits(family_model_dirs, "gemma4", compiled=True)
+
+
+def _assert_exact_through_preemptions_and_prefix_hits(family_model_dirs, name: str, compiled: bool) -> None:
     model = loaded(str(family_model_dirs[name]))
     shared = list(range(200, 212))
     prompts = [shared + tail for tail in random_prompts(len(CAPS), vocab=300, seed=12, longest=10)]
@@ -100,8 +114,17 @@ def test_preemption_and_prefix_hits_stay_exact_for_every_supported_family(family
     # Room for the longest request and three blocks more (24 blocks where no context caps the caps): two requests
     # at once already run out, even sharing the prefix's blocks (the second waits for them to be cached).
     longest = max(-(-(len(prompt) + cap) // 4) for prompt, cap in zip(prompts, caps, strict=True))
-    options = BatcherOptions(max_batch_size=3, max_batched_tokens=12, block_size=4, kv_blocks=longest + 3)
+    options = BatcherOptions(
+        max_batch_size=3,
+        max_batched_tokens=12,
+        block_size=4,
+        kv_blocks=longest + 3,
+        compile_steps=compiled,
+        compile_autotune=False,
+    )
     batcher = Batcher(model.model, model.tokenizer, options)
+    if compiled:
+        assert batcher.runner.compiler is not None and batcher.runner.compiler.compile_now() is not None
     events: list[Event] = []
     outputs = run_with_late_arrivals(
         batcher, prompts, caps, late_from=5, join_at_step=4, ignore_eos=True, events=events
@@ -116,9 +139,12 @@ def test_preemption_and_prefix_hits_stay_exact_for_every_supported_family(family
         assert any(event.cached_tokens >= 8 for event in finished), "no request found the shared prefix cached"
     batcher.pool.check()
     assert batcher.pool.usage().in_use == 0
+    if compiled:  # every decode step compiled (a prompt's one last token after a prefix hit goes through it too)
+        decode_steps = [step for step in steps_of(events) if all(row.kind in ONE_TOKEN for row in step.rows)]
+        assert all(step.compiled for step in decode_steps) and len(decode_steps) > 20
 
 
-def _compiled_options(mode: str, prompt_steps: bool = False) -> BatcherOptions:
+def _compiled_options(mode: str, prompt_steps: bool = False, slots: int = COMPILED_SLOTS) -> BatcherOptions:
     """The matrix's slots and budget with compiled steps, the kernels untimed (a compile of half the time).
 
     Both batchers get caches of one length, so they share one graph (a compiler per slot count and cache length):
@@ -127,7 +153,7 @@ def _compiled_options(mode: str, prompt_steps: bool = False) -> BatcherOptions:
     """
     context = COMPILED_CONTEXT + LONGEST_PROMPT if mode == "continuous" else COMPILED_CONTEXT
     return BatcherOptions(
-        max_batch_size=3,
+        max_batch_size=slots,
         max_batched_tokens=12,
         max_seq_len=context,
         max_prompt_tokens=LONGEST_PROMPT,
@@ -149,9 +175,12 @@ def test_compiled_decode_steps_equal_generate_for_every_supported_family(family_
     assert compiler.compile_now() is not None, f"{name}: its decode graph was not made"
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     events = _assert_equals_generate(batcher, name)
-    decode_steps = sum(all(row.kind in ONE_TOKEN for row in step.rows) for step in steps_of(events))
-    # Every decode step went through the graph made up front: none ran eager, none re-traced it, none broke it.
-    assert batcher.runner.compiled_steps == decode_steps > 20 and not compiler.failed
+    decode_steps = [step for step in steps_of(events) if all(row.kind in ONE_TOKEN for row in step.rows)]
+    # Every decode step went through the graphs made up front: none ran eager, none re-traced one, none broke one.
+    assert batcher.runner.compiled_steps == len(decode_steps) > 20 and not compiler.failed
+    if mode == "continuous":  # every row count a decode step can have (a static wave holds its rows to its end)
+        counts = {sum(row.kind == RowKind.DECODE for row in step.rows) for step in decode_steps}
+        assert set(range(1, COMPILED_SLOTS + 1)) <= counts, counts
     assert counters["stats"]["unique_graphs"] == graphs and sum(counters["graph_break"].values()) == breaks
 
 
@@ -160,7 +189,8 @@ def test_compiled_decode_steps_equal_generate_for_every_supported_family(family_
 @pytest.mark.parametrize("name", PROMPT_GRAPH_FAMILIES)
 def test_compiled_prompt_steps_equal_generate(family_model_dirs, name, mode) -> None:
     model = loaded(str(family_model_dirs[name]))
-    batcher = Batcher(model.model, model.tokenizer, _compiled_options(mode, prompt_steps=True), mode=mode)
+    # Three slots: the eight requests make three static waves, a prompt step each (four slots would make two).
+    batcher = Batcher(model.model, model.tokenizer, _compiled_options(mode, prompt_steps=True, slots=3), mode=mode)
     runner = batcher.runner
     assert runner.compiler is not None and runner.mixed_compiler is not None
     assert runner.compiler.compile_now() is not None and runner.mixed_compiler.compile_now() is not None
