@@ -35,10 +35,9 @@ from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.engine.runner import ModelRunner
 from batching.runs import RunRecord
-from tests.engine.families import FAMILIES
 from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals
 from tests.helpers import ROOT
-from tests.tiny_models import TINY_CONFIGS, save_tiny_models
+from tests.tiny_models import TINY_CONFIGS
 from utils.metrics import steps_kind
 
 CAPS = [40, 3, 25, 60, 9, 33]
@@ -382,45 +381,3 @@ def test_a_decode_graph_that_cannot_be_made_leaves_the_steps_eager_and_is_not_tr
     assert batcher.runner.compiled_steps == 0 and compiler.failed
     (line,) = _failures(caplog)
     assert line.startswith("compiling the decode step failed, steps stay eager: RecompileError: ")
-
-
-@contextmanager
-def failing_after_the_graph_ran(compiler: StepCompiler) -> Iterator[None]:
-    """The next compiled call runs the real graph, which writes every row's keys, values and states, then raises: a
-    failure after the graph's writes, as a kernel's error or a lost device would leave it."""
-    forward = compiler.forward
-
-    def failing(*args: object, **kwargs: object) -> object:
-        forward(*args, **kwargs)
-        raise RuntimeError("a fault after the graph wrote the step's states")
-
-    compiler.forward = failing
-    try:
-        yield
-    finally:
-        compiler.forward = forward
-
-
-def test_a_hybrids_compiled_step_that_fails_after_writing_states_reruns_eager_from_the_states_before_it(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    # LFM2: a short convolution per request, whose window a second run of the step would shift twice.
-    family = next(family for family in FAMILIES if family.name == "lfm2")
-    model = loaded(str(save_tiny_models(tmp_path, {family.name: family.config()})[family.name]))
-    batcher = Batcher(model.model, model.tokenizer, FALLBACK)
-    compiler = batcher.runner.compiler
-    assert compiler is not None and compiler.compile_now() is not None
-    prompts, cap = [[5, 6, 7, 8], [9, 10, 11]], 24
-    requests = [batcher.add(prompt, RequestParams(cap, ignore_eos=True)) for prompt in prompts]
-    events: list[Event] = []
-    while batcher.runner.compiled_steps < 3:
-        events += batcher.step()
-    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"), failing_after_the_graph_ran(compiler):
-        while batcher.has_work:
-            events += batcher.step()
-    finished = finished_by_id(events)
-    for request, prompt in zip(requests, prompts, strict=True):
-        assert list(finished[request.request_id].output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
-    assert batcher.runner.compiled_steps == 3 and compiler.failed
-    (line,) = _failures(caplog)
-    assert line.endswith("steps stay eager: RuntimeError: a fault after the graph wrote the step's states")

@@ -3,19 +3,32 @@ what keeps the families matrix (test_families.py) exact: with it removed, answer
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
 
 from batching.engine import recurrent
 from batching.engine.batcher import Batcher
+from batching.engine.compiled import StepCompiler
+from batching.engine.events import Event
 from batching.engine.model_support import kv_bytes_per_token, recurrent_state_bytes
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.recurrent import RecurrentStates, recurrent_layout
 from tests.engine.families import FAMILIES
-from tests.engine.helpers import loaded, one_torch_thread, random_prompts, reference, run_with_late_arrivals
+from tests.engine.helpers import (
+    finished_by_id,
+    loaded,
+    one_torch_thread,
+    random_prompts,
+    reference,
+    run_with_late_arrivals,
+)
+from tests.tiny_models import save_tiny_models
 
 RECURRENT = [family.name for family in FAMILIES if family.recurrent]
 CAPS = [1, 30, 3, 17, 20, 2]
@@ -149,3 +162,53 @@ def test_each_step_reports_the_states_its_running_requests_hold(family_model_dir
     per_request = recurrent_state_bytes(model.model)
     assert views[0].state_bytes_per_request == per_request and views[0].state_bytes == 2 * per_request
     assert views[-1].state_bytes == 0  # every request gone, its row and its states with it
+
+
+# Compiled steps on two slots (the compiled tests' fallback options). Kept here, after the compiled and direct-call
+# tests in file order: a process that ran this test no longer makes direct calls for later batchers (not understood
+# yet; see the closing note of 2026-11-27).
+FALLBACK = BatcherOptions(
+    max_batch_size=2, max_batched_tokens=16, max_seq_len=96, compile_steps=True, compile_autotune=False
+)
+
+
+@contextmanager
+def failing_after_the_graph_ran(compiler: StepCompiler) -> Iterator[None]:
+    """The next compiled call runs the real graph, which writes every row's keys, values and states, then raises: a
+    failure after the graph's writes, as a kernel's error or a lost device would leave it."""
+    forward = compiler.forward
+
+    def failing(*args: object, **kwargs: object) -> object:
+        forward(*args, **kwargs)
+        raise RuntimeError("a fault after the graph wrote the step's states")
+
+    compiler.forward = failing
+    try:
+        yield
+    finally:
+        compiler.forward = forward
+
+
+def test_a_hybrids_compiled_step_that_fails_after_writing_states_reruns_eager_from_the_states_before_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # LFM2: a short convolution per request, whose window a second run of the step would shift twice.
+    family = next(family for family in FAMILIES if family.name == "lfm2")
+    model = loaded(str(save_tiny_models(tmp_path, {family.name: family.config()})[family.name]))
+    batcher = Batcher(model.model, model.tokenizer, FALLBACK)
+    compiler = batcher.runner.compiler
+    assert compiler is not None and compiler.compile_now() is not None
+    prompts, cap = [[5, 6, 7, 8], [9, 10, 11]], 24
+    requests = [batcher.add(prompt, RequestParams(cap, ignore_eos=True)) for prompt in prompts]
+    events: list[Event] = []
+    while batcher.runner.compiled_steps < 3:
+        events += batcher.step()
+    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"), failing_after_the_graph_ran(compiler):
+        while batcher.has_work:
+            events += batcher.step()
+    finished = finished_by_id(events)
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert list(finished[request.request_id].output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
+    assert batcher.runner.compiled_steps == 3 and compiler.failed
+    (line,) = [r.getMessage() for r in caplog.records if "steps stay eager" in r.getMessage()]
+    assert line.endswith("steps stay eager: RuntimeError: a fault after the graph wrote the step's states")
