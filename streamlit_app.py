@@ -10,7 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import frame
-from app.runs import race, remote, shared
+from app.runs import race, remote, shared, sweep
 from app.sidebar import shared_choices
 from batching.service import engine_options
 from utils.log_setup import configure_logging
@@ -23,7 +23,8 @@ INTRO = (
 RACE = frame.View("app/views/race.py", "Race: continuous vs static", race.KEY)
 SHARED = frame.View("app/views/shared.py", "Shared engine (everyone's requests)", shared.KEY)
 REMOTE = frame.View("app/views/remote.py", "Remote server", remote.KEY)
-VIEWS = (RACE, SHARED, REMOTE)
+SWEEP = frame.View("app/views/sweep.py", "Load sweep", sweep.KEY)
+VIEWS = (RACE, SHARED, REMOTE, SWEEP)
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ SOURCE_DIRS = ("config", "model", "batching", "utils", "app")
 OURS = ("config", "model", "batching", "utils", "app", "streamlit_app")
 PAGE = ("streamlit_app", "app")  # the frame and the package of its views and sections
 # The page's own models, tested without Streamlit: the queue, a run's follower, a run's live view, a race's view,
-# the streaming loops.
-PAGE_MODELS = ("app.prompt_queue", "app.baton", "app.live_run", "app.race_view", "app.streaming")
+# the streaming loops, a sweep's view.
+PAGE_MODELS = ("app.prompt_queue", "app.baton", "app.live_run", "app.race_view", "app.streaming", "app.sweep_view")
 
 
 def _module_name(path: Path) -> str:
@@ -57,7 +57,7 @@ def _unit(module: str) -> str:
     for unit in ("batching.engine", "batching.bench", "batching.service", "batching.serve", "batching.remote"):
         if module == unit or module.startswith(unit + "."):
             return unit
-    if module in ("batching.arrivals", "batching.runs", "batching.race"):
+    if module in ("batching.arrivals", "batching.runs", "batching.race", "batching.sweep"):
         return "batching.runs"
     return module.split(".")[0]
 

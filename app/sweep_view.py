@@ -1,0 +1,198 @@
+"""The page's view of a load sweep (`batching.sweep`): one private race per rate in the engine process, started one
+after the other, each lane's steps folded into a record on that lane's clock, and a sweep point per lane once a
+rate's race is over. Plain Python, tested without Streamlit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.baton import Baton, Follower
+from batching.arrivals import Schedule
+from batching.engine.events import FinishedEvent
+from batching.race import RACE_MODES, LaneStep
+from batching.runs import RunRecord
+from batching.sweep import SweepSpec
+from utils.metrics import steps_kind
+from utils.sweep import Slo, SweepPoint, record_point
+
+
+class RaceEnd(Protocol):
+    """The engine's word that a race is over (`batching.service.messages.RaceEnded`)."""
+
+    @property
+    def walls(self) -> tuple[tuple[str, float, float], ...]: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+class SweepRace(Protocol):
+    """What the sweep needs of one rate's race in the engine (`batching.service.RaceHandle`)."""
+
+    def poll(self, timeout: float = 0.0) -> Sequence[LaneStep | RaceEnd]: ...
+
+    def stop(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# Starts the race of rate number `index` arriving on `schedule`; ValueError for input the engine refuses.
+StartRace = Callable[[int, Schedule], SweepRace]
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What one tick of the sweep did: a rate was completed (its points are new), the sweep is over, or a newer
+    script run follows the sweep now (this one stops)."""
+
+    rate_done: bool = False
+    done: bool = False
+    superseded: bool = False
+
+
+@dataclass
+class LiveSweep:
+    """A sweep as the page follows it: the finished rates' points and records, and the rate running now."""
+
+    spec: SweepSpec
+    slo: Slo
+    slots: int
+    start_race: StartRace
+    points: list[SweepPoint] = field(default_factory=list)
+    records: dict[float, dict[str, RunRecord]] = field(default_factory=dict)
+    steps: dict[str, str] = field(default_factory=dict)  # "continuous at 4/s" -> how its steps ran
+    stopped: bool = False
+    error: str | None = None
+    ended: bool = False
+
+    def __post_init__(self) -> None:
+        self.index = 0  # the rate running now (len(rates) once every rate is done)
+        self.race: SweepRace | None = None
+        self.lanes: dict[str, RunRecord] = {}
+        self.finished = dict.fromkeys(RACE_MODES, 0)
+        self.baton = Baton()  # the script run that follows this sweep (app.baton)
+
+    # --- driving -------------------------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """Start the first rate's race; ValueError (nothing started) if the engine refuses the requests."""
+        self._start(0)
+
+    def _start(self, index: int) -> None:
+        rate = self.spec.rates[index]
+        self.index = index
+        self.lanes = {mode: RunRecord(mode, 0.0, slots=self.slots) for mode in RACE_MODES}
+        self.finished = dict.fromkeys(RACE_MODES, 0)
+        self.race = self.start_race(index, self.spec.schedule(rate))
+
+    def follow(self) -> Follower:
+        """This script run becomes the sweep's follower (an older one stops at its next tick)."""
+        return self.baton.take()
+
+    def tick(self, follower: Follower, timeout: float) -> Tick:
+        """Wait up to `timeout` for the running race's steps and fold them in; once its race is over, record the
+        rate and start the next one."""
+        with follower.following() as following:
+            if not following:
+                return Tick(superseded=True)
+            if self.ended or self.race is None:
+                return Tick(done=True)
+            try:
+                messages = self.race.poll(timeout=timeout)
+            except RuntimeError as exc:  # the engine stopped: the sweep ends with its message
+                self._end(str(exc))
+                return Tick(done=True)
+            rate_done = False
+            for message in messages:
+                if isinstance(message, LaneStep):
+                    self._fold(message)
+                else:
+                    rate_done = self._rate_over(message)
+            return Tick(rate_done=rate_done, done=self.ended)
+
+    def _fold(self, step: LaneStep) -> None:
+        self.lanes[step.mode].extend(step.events)
+        self.finished[step.mode] += sum(isinstance(event, FinishedEvent) for event in step.events)
+
+    def _rate_over(self, end: RaceEnd) -> bool:
+        """The running rate's race is over: keep its points (unless stopped or failed) and start the next rate."""
+        assert self.race is not None
+        self.race.close()
+        self.race = None
+        if end.error is not None:
+            self._end(f"the race at {self.rate:g} requests/s failed: {end.error}")
+            return False
+        if self.stopped:
+            self._end(None)
+            return False
+        for mode, start, stop in end.walls:
+            record = self.lanes[mode]
+            record.start, record.end = start, stop
+        self.records[self.rate] = self.lanes
+        for mode, record in self.lanes.items():
+            self.points.append(record_point(mode, self.rate, record, self.slo, self.spec.requests))
+            self.steps[f"{mode} at {self.rate:g}/s"] = steps_kind(record)
+        if self.index + 1 < len(self.spec.rates):
+            try:
+                self._start(self.index + 1)
+            except ValueError as exc:
+                self._end(str(exc))
+        else:
+            self.index = len(self.spec.rates)
+            self._end(None)
+        return True
+
+    def _end(self, error: str | None) -> None:
+        self.ended = True
+        self.error = error
+
+    def stop(self) -> None:
+        """The Stop button: the running rate is cancelled on both lanes and left out; the rates done are kept."""
+        self.stopped = True
+        if self.race is not None:
+            self.race.stop()
+        else:
+            self.ended = True
+
+    def close(self) -> None:
+        """Let go of the running race (the person left: nothing will poll it)."""
+        if self.race is not None:
+            self.race.close()
+            self.race = None
+        self.ended = True
+
+    # --- what the page shows ----------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.ended
+
+    @property
+    def rate(self) -> float:
+        """The rate running now (the last one once all are done)."""
+        return self.spec.rates[min(self.index, len(self.spec.rates) - 1)]
+
+    @property
+    def completed(self) -> bool:
+        """Every rate ran to its end: the headline is the whole sweep's."""
+        return self.ended and not self.stopped and self.error is None and len(self.records) == len(self.spec.rates)
+
+    def requests_done(self) -> int:
+        """Requests finished so far, on both lanes of every rate (the progress bar's count)."""
+        running = sum(self.finished.values()) if self.race is not None else 0
+        return len(self.records) * self.spec.requests * len(RACE_MODES) + running
+
+    def progress(self) -> float:
+        return min(1.0, self.requests_done() / self.spec.total_requests)
+
+    def progress_line(self) -> str:
+        """Where the sweep stands, in words."""
+        count = len(self.spec.rates)
+        if self.error is not None:
+            return f"Stopped by an error after {len(self.records)} of {count} rates: {self.error}"
+        if self.ended:
+            verb = "Stopped" if self.stopped else "Done"
+            return f"{verb}: {len(self.records)} of {count} rates swept, {self.spec.requests} requests each."
+        lanes = ", ".join(f"{mode} {self.finished[mode]}/{self.spec.requests}" for mode in RACE_MODES)
+        return f"Rate {self.index + 1} of {count}: {self.rate:g} requests/s · {lanes} done"
