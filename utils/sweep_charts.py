@@ -96,11 +96,12 @@ def _knee_layer(frame: pd.DataFrame, colour: alt.Color, x: alt.X) -> alt.Chart:
     )
 
 
-def _rule(value: float, label: str) -> alt.LayerChart:
+def _rule(value: float, label: str, below: bool = False) -> alt.LayerChart:
+    """A dashed grey line at `value`, labelled at its left end (under the line when `below`)."""
     frame = pd.DataFrame({"value": [value], "label": [label]})
     base = alt.Chart(frame)
     rule = base.mark_rule(strokeDash=[6, 4], color="gray", strokeWidth=1.5).encode(y="value:Q")
-    text = base.mark_text(align="left", dx=4, dy=-6, color="gray", fontSize=11).encode(
+    text = base.mark_text(align="left", dx=4, dy=10 if below else -6, color="gray", fontSize=11).encode(
         y="value:Q", x=alt.value(0), text="label:N"
     )
     return alt.layer(rule, text)
@@ -122,30 +123,31 @@ def latency_chart(
     x = _x(rates)
     name = LATENCIES[metric]
     dashes = [STATS[stat] for stat in stats]
-    lines = (
-        alt.Chart(frame)
-        .mark_line(point=True)
-        .encode(
-            x=x,
-            y=alt.Y("ms:Q", title=f"{name} (ms)"),
-            color=colour,
-            strokeDash=alt.StrokeDash(
-                "stat:N",
-                title=None,
-                scale=alt.Scale(domain=list(stats), range=dashes),
-                legend=alt.Legend(orient="bottom", symbolType="stroke", symbolStrokeColor="gray"),
-            ),
-            detail="stat:N",
-            tooltip=[
-                alt.Tooltip("series:N"),
-                alt.Tooltip("rate:Q", title="rate (requests/s)", format="~g"),
-                alt.Tooltip("stat:N", title="percentile"),
-                alt.Tooltip("ms:Q", title=f"{name} (ms)", format=",.1f"),
-            ],
+    base = alt.Chart(frame).encode(
+        x=x,
+        y=alt.Y("ms:Q", title=f"{name} (ms)"),
+        color=colour,
+        detail="stat:N",
+        tooltip=[
+            alt.Tooltip("series:N"),
+            alt.Tooltip("rate:Q", title="rate (requests/s)", format="~g"),
+            alt.Tooltip("stat:N", title="percentile"),
+            alt.Tooltip("ms:Q", title=f"{name} (ms)", format=",.1f"),
+        ],
+    )
+    # The dots are a layer of their own: a line's point overlay would turn the dash legend into dots.
+    lines = base.mark_line().encode(
+        strokeDash=alt.StrokeDash(
+            "stat:N",
+            title=None,
+            scale=alt.Scale(domain=list(stats), range=dashes),
+            legend=alt.Legend(orient="bottom", symbolType="stroke", symbolStrokeColor="gray", symbolStrokeWidth=2),
         )
     )
+    dots = base.mark_point(filled=True, size=30)
     marked = f"{metric}_p90" if "p90" in stats else f"{metric}_{stats[0]}"
-    layers: list[alt.Chart | alt.LayerChart] = [lines, _knee_layer(knee_frame(points, knees, marked, 1000), colour, x)]
+    ringed = _knee_layer(knee_frame(points, knees, marked, 1000), colour, x)
+    layers: list[alt.Chart | alt.LayerChart] = [lines, dots, ringed]
     if target_s is not None:
         layers.append(_rule(target_s * 1000, f"target {target_s * 1000:g} ms"))
     heading = title or f"{name} ({', '.join(stats)}) against the request rate"
@@ -215,7 +217,7 @@ def attainment_chart(
         )
     )
     ringed = _knee_layer(goodput_frame(points, goodputs), colour, x)
-    layers = [lines, ringed, _rule(goal, f"goal {goal:.0%}")]
+    layers = [lines, ringed, _rule(goal, f"goal {goal:.0%}", below=True)]
     return alt.layer(*layers).properties(title="SLO attainment against the request rate", height=300)
 
 

@@ -1,0 +1,431 @@
+"""The load sweep from the command line: the page's sweep in this process, or a sweep against real servers.
+
+    python -m batching.bench.sweep --workload seed-lab --rates 2,4,8,16,32 --requests 32 --json sweep.json
+    python -m batching.bench.sweep --servers batchscope,vllm --rates 2,4,8,16 --plot sweep.png
+
+In-process (the default), each rate is a race of the workload's requests on a continuous and a static batcher
+(`batching.sweep.run_rate`), on the same seeded Poisson arrivals and on the lanes' own clocks, with the batcher the
+page's sweep gets from the same settings (slots, token budget, KV memory, prefix caching, the system prompt and
+template): for the same workload, rates, requests and seed it measures what the page's "Load sweep" view measures.
+With `--servers`, each server (ours, `python -m batching.serve`; vLLM's CPU build; transformers serve) is started
+on the model folder and the same token ids arrive at each rate on the wall clock, streamed from `/v1/completions`
+and timed as `vllm bench serve` times them (`batching.bench.sweep_client`).
+
+Prints one line per series and rate, each series' goodput (the highest rate at which 90% of requests met the
+target, every lower rate too) and the curves' knees, then the headline; `--json` writes every figure, `--plot` the
+charts (PNG through vl-convert). Bad input is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+import transformers
+from tqdm import tqdm
+
+from batching.bench import serve_peer
+from batching.bench.local_server import ServerStartError
+from batching.bench.report import machine_info
+from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.bench.workloads import RANDOM_NAME, Workload, load_workload, random_workload
+from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.events import FinishedEvent
+from batching.engine.geometry import PoolGeometry
+from batching.engine.model_support import UnsupportedModelError, check_supported
+from batching.engine.params import RequestParams
+from batching.engine.request import Request
+from batching.race import LaneStep
+from batching.runs import StepClock
+from batching.service import engine_options
+from batching.sweep import DEFAULT_RATES, DEFAULT_REQUESTS, SweepSpec, format_rates, parse_rates, run_rate
+from config.settings import SettingsError, load_settings
+from model.loader import LoadedModel, ModelLoadError, load_model
+from model.prompting import format_prompt
+from utils.export import json_safe
+from utils.log_setup import configure_logging
+from utils.metrics import steps_kind
+from utils.sweep import (
+    Goodput,
+    Slo,
+    SweepPoint,
+    goodput_ratio,
+    goodputs,
+    headline,
+    knees,
+    points_frame,
+    record_point,
+    sweep_point,
+)
+from utils.sweep_charts import KNEE_COLUMNS, sweep_chart
+
+DEFAULT_WORKLOAD = "seed-lab"
+DEFAULT_TTFT_MS = 500.0
+DEFAULT_TPOT_MS = 100.0
+
+
+class SweepError(Exception):
+    """Bad input, or a server that would not start: one line on stderr, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise SweepError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m batching.bench.sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default=DEFAULT_WORKLOAD, help="the prompt mix: built-in, 'random' or a file")
+    parser.add_argument("--rates", default=format_rates(DEFAULT_RATES), help="requests/s, comma-separated")
+    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per rate (the mix cycled)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (and the random workload)")
+    parser.add_argument("--slo-ttft", type=float, default=DEFAULT_TTFT_MS, help="TTFT target, ms (default 500)")
+    parser.add_argument("--slo-tpot", type=float, default=DEFAULT_TPOT_MS, help="TPOT target, ms (default 100)")
+    parser.add_argument("--batch-size", type=int, help="slots (default: settings)")
+    parser.add_argument("--policy", help="admission order (default: settings)")
+    parser.add_argument("--max-new-tokens", type=int, help="cap of requests the workload leaves uncapped")
+    parser.add_argument("--ignore-eos", action="store_true", help="every answer runs to its cap")
+    parser.add_argument("--model", help="builtin, a hub id or a local folder (default: settings)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1, as the page's engine)")
+    parser.add_argument("--eager", action="store_true", help="in-process: eager steps even if the settings compile")
+    parser.add_argument("--servers", help="sweep these servers instead: " + ", ".join(serve_peer.SERVERS))
+    parser.add_argument("--vllm-python", help="vLLM's environment's Python (default: settings)")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--plot", type=Path, help="write the charts here (PNG)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+@dataclass(frozen=True)
+class Mix:
+    """The sweep's requests, tokenised once: prompt token ids and caps, in the order they arrive."""
+
+    workload: str
+    prompt_ids: tuple[tuple[int, ...], ...]
+    caps: tuple[int, ...]
+    ignore_eos: bool = False
+
+
+def check_args(args: argparse.Namespace) -> tuple[SweepSpec, Slo, Workload]:
+    """Everything checked before a model loads or a server starts."""
+    for flag in ("batch_size", "max_new_tokens", "threads"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise SweepError(f"--{flag.replace('_', '-')}={value} is not allowed: must be >= 1")
+    for flag in ("json", "plot"):
+        path = getattr(args, flag)
+        if path is not None and not path.parent.is_dir():
+            raise SweepError(f"--{flag} {path}: the folder {path.parent} does not exist")
+    try:
+        spec = SweepSpec(parse_rates(args.rates), args.requests, args.seed)
+        slo = Slo(args.slo_ttft / 1000, args.slo_tpot / 1000)
+        workload = random_workload(seed=args.seed) if args.workload == RANDOM_NAME else load_workload(args.workload)
+    except ValueError as exc:
+        raise SweepError(str(exc)) from None
+    return spec, slo, workload
+
+
+def batcher_options(args: argparse.Namespace) -> BatcherOptions:
+    """The page's sweep batcher from the same settings (its shared choices: slots, policy, KV memory), without the
+    step detail a sweep does not read."""
+    settings = load_settings()
+    try:
+        options = engine_options(settings, args.batch_size, args.policy)
+    except ValueError as exc:
+        raise SweepError(str(exc)) from None
+    return replace(options, step_detail=False, compile_steps=options.compile_steps and not args.eager)
+
+
+def tokenised_mix(
+    loaded: LoadedModel, options: BatcherOptions, spec: SweepSpec, workload: Workload, args: argparse.Namespace
+) -> Mix:
+    """The workload's prompts in the settings' template, each checked as the engine checks it, cycled to
+    `spec.requests`."""
+    settings = load_settings()
+    builder = PoolGeometry.of(loaded.model).request_builder(loaded.tokenizer, options)
+    default_cap = args.max_new_tokens or settings.generation.max_new_tokens
+    ids, caps = [], []
+    for index, item in enumerate(spec.mix(workload.requests)):
+        text = format_prompt(item.prompt, settings.prompt.system_prompt, settings.prompt.template)
+        cap = item.max_new_tokens or default_cap
+        try:
+            request = builder.build(text, RequestParams(cap))
+        except ValueError as exc:
+            raise SweepError(f"workload {workload.name} request {index % len(workload.requests)}: {exc}") from None
+        ids.append(tuple(request.prompt_ids))
+        caps.append(cap)
+    return Mix(workload.name, tuple(ids), tuple(caps), args.ignore_eos)
+
+
+# --- in-process: the page's sweep ----------------------------------------------------------------------------------
+def compile_graphs(loaded: LoadedModel, options: BatcherOptions) -> float | None:
+    """Make both lanes' graphs before anything is timed (the page's engine makes them while it is idle)."""
+    if not options.compile_steps:
+        return None
+    total = 0.0
+    for mode in ("continuous", "static"):
+        runner = Batcher(loaded.model, loaded.tokenizer, options, mode=mode).runner
+        for compiler in (runner.compiler, runner.mixed_compiler):
+            if compiler is not None:
+                seconds = compiler.compile_now()
+                if seconds is None:
+                    raise SweepError(f"{compiler.what} could not be compiled (see the log above)")
+                total += seconds
+    return total
+
+
+def sweep_in_process(
+    loaded: LoadedModel,
+    options: BatcherOptions,
+    mix: Mix,
+    spec: SweepSpec,
+    slo: Slo,
+    on_finished: Callable[[], object] = lambda: None,
+) -> tuple[list[SweepPoint], dict[str, str]]:
+    """Every rate as a race of both schedules; the points, and how each lane's steps ran (eager or compiled)."""
+    builder = PoolGeometry.of(loaded.model).request_builder(loaded.tokenizer, options)
+    params = [RequestParams(cap, ignore_eos=mix.ignore_eos) for cap in mix.caps]
+    requests: list[Request] = [
+        builder.build(list(ids), params[index], request_id=f"q{index}") for index, ids in enumerate(mix.prompt_ids)
+    ]
+
+    def make(mode: str, clock: StepClock) -> Batcher:
+        return Batcher(loaded.model, loaded.tokenizer, options, mode=mode, clock=clock)
+
+    def counted(step: LaneStep) -> None:
+        for event in step.events:
+            if isinstance(event, FinishedEvent):
+                on_finished()
+
+    points: list[SweepPoint] = []
+    kinds: dict[str, str] = {}
+    for rate in spec.rates:
+        records = run_rate(make, requests, spec.schedule(rate), counted)
+        for mode, record in records.items():
+            points.append(record_point(mode, rate, record, slo, spec.requests))
+            kinds[f"{mode} at {rate:g}/s"] = steps_kind(record)
+    return points, kinds
+
+
+# --- against servers -----------------------------------------------------------------------------------------------
+def sweep_servers(
+    args: argparse.Namespace, mix: Mix, spec: SweepSpec, slo: Slo, on_finished: Callable[[], object]
+) -> tuple[list[SweepPoint], list[str]]:
+    """Each server started on the model folder in turn, the same token ids sent at every rate on the wall clock."""
+    try:
+        names = serve_peer.parse_servers(args.servers)
+        names, vllm_python = serve_peer.available_servers(names, args.vllm_python)
+    except serve_peer.ServePeerError as exc:
+        raise SweepError(str(exc)) from None
+    model = args.model or "model/builtin"
+    if not (serve_peer.ROOT / model / "config.json").is_file():
+        raise SweepError(f"--model {model!r} is not a model folder (the servers load a local folder)")
+    longest_prompt = max(len(ids) for ids in mix.prompt_ids)
+    load = serve_peer.Load(
+        rates=spec.rates,
+        requests=spec.requests,
+        prompt_tokens=longest_prompt,
+        prompt_tokens_min=min(len(ids) for ids in mix.prompt_ids),
+        prompt_tokens_max=longest_prompt,
+        output_tokens=max(mix.caps),
+        throughput=False,
+    )
+    slots = args.batch_size or load_settings().batching.max_batch_size
+    budget = load_settings().batching.max_batched_tokens
+    points: list[SweepPoint] = []
+    with tempfile.TemporaryDirectory(prefix="sweep-servers-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "hf-cache").mkdir()
+        specs = serve_peer.server_specs(model, slots, budget, load, workdir / "hf-cache", vllm_python)
+        for name in names:
+            server = server_spec(specs[name], slots, load)
+            print(f"sweep: {name} ...", file=sys.stderr, flush=True)
+            try:
+                with serve_peer.running_server(server, model, workdir) as url:
+                    bodies = [
+                        request_body(model, ids, cap, mix.ignore_eos)
+                        for ids, cap in zip(mix.prompt_ids, mix.caps, strict=True)
+                    ]
+                    for rate in spec.rates:
+                        timings, duration = run_remote_rate(url, bodies, spec.schedule(rate), on_finished)
+                        points.append(sweep_point(name, rate, timings, duration, slo, spec.requests))
+            except serve_peer.ServePeerError as exc:
+                raise SweepError(str(exc)) from None
+    return points, list(names)
+
+
+def server_spec(spec: serve_peer.ServerSpec, slots: int, load: serve_peer.Load) -> serve_peer.ServerSpec:
+    """Ours with KV memory for every slot's longest request (vLLM gets a whole GiB), prefix caching off as vLLM's
+    is (every rate sends the same prompts), and eager steps: its background compile runs while it is idle, so it
+    would switch mid-sweep (vLLM compiles before it listens)."""
+    if spec.name != "batchscope":
+        return spec
+    env = {
+        **spec.env,
+        "BATCHSCOPE_BATCHING__KV_CACHE_TOKENS": str(slots * (load.prompt_tokens_max + load.output_tokens)),
+        "BATCHSCOPE_BATCHING__PREFIX_CACHING": "false",
+        "BATCHSCOPE_BATCHING__MAX_SEQ_LEN": str(max(2048, load.prompt_tokens_max + load.output_tokens)),
+        "BATCHSCOPE_ENGINE__COMPILE_STEPS": "false",
+    }
+    return replace(spec, env=env)
+
+
+# --- output --------------------------------------------------------------------------------------------------------
+def format_table(points: Sequence[SweepPoint]) -> str:
+    """One line per series and rate, in the order they ran."""
+    header = (
+        "series",
+        "rate/s",
+        "done",
+        "req/s",
+        "out tok/s",
+        "TTFT p50/p90/p99 ms",
+        "TPOT p90 ms",
+        "ITL p90 ms",
+        "E2E p90 ms",
+        "met target",
+    )
+
+    def ms(value: float) -> str:
+        return f"{value * 1000:.0f}" if value == value else "-"
+
+    lines = [
+        (
+            point.series,
+            f"{point.rate:g}",
+            f"{point.completed}/{point.requests}",
+            f"{point.request_throughput:.2f}",
+            f"{point.output_throughput:.0f}",
+            f"{ms(point.ttft_p50)} / {ms(point.ttft_p90)} / {ms(point.ttft_p99)}",
+            f"{point.tpot_p90 * 1000:.1f}",
+            f"{point.itl_p90 * 1000:.1f}",
+            ms(point.e2e_p90),
+            f"{point.attainment:.0%}",
+        )
+        for point in points
+    ]
+    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
+    out = [" ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)) for cells in [header, *lines]]
+    out.insert(1, " ".join("-" * width for width in widths))
+    return "\n".join(out)
+
+
+def goodput_lines(found: dict[str, Goodput], slo: Slo) -> list[str]:
+    lines = []
+    for series, each in found.items():
+        if each.rate is None:
+            lines.append(f"goodput {series}: below {each.lowest:g} requests/s (no rate met {slo.words()} for 90%)")
+        else:
+            more = " (every rate swept: at least)" if each.whole_sweep else ""
+            lines.append(f"goodput {series}: {each.rate:g} requests/s{more}")
+    return lines
+
+
+def knee_lines(found: dict[tuple[str, str], float | None]) -> list[str]:
+    by_series: dict[str, list[str]] = {}
+    for (series, column), rate in found.items():
+        by_series.setdefault(series, []).append(f"{column} {'-' if rate is None else f'{rate:g}/s'}")
+    return [f"knees {series}: " + ", ".join(parts) for series, parts in by_series.items()]
+
+
+def summary(points: list[SweepPoint], slo: Slo, series: Sequence[str]) -> dict:
+    found = dict(goodputs(points))
+    bends = knees(points, KNEE_COLUMNS)
+    result: dict[str, object] = {
+        "points": [point.as_dict() for point in points],
+        "goodput": {name: asdict(each) for name, each in found.items()},
+        "knees": {f"{series}/{column}": rate for (series, column), rate in bends.items()},
+        "headline": None,
+        "ratio": None,
+    }
+    if set(series) == {"continuous", "static"}:
+        result["headline"] = headline(found["continuous"], found["static"], slo)
+        result["ratio"] = goodput_ratio(found["continuous"], found["static"])
+    result["lines"] = goodput_lines(found, slo) + knee_lines(bends)
+    return result
+
+
+def run(args: argparse.Namespace) -> dict:
+    spec, slo, workload = check_args(args)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        options = batcher_options(args)
+        settings = load_settings()
+        updates = {"name_or_path": args.model} if args.model else {}
+        loaded = load_model(settings.model.model_copy(update=updates), settings.tokenizer)
+        check_supported(loaded.model)
+        mix = tokenised_mix(loaded, options, spec, workload, args)
+        total = spec.requests * len(spec.rates) * (2 if not args.servers else len(args.servers.split(",")))
+        with tqdm(total=total, unit="req", file=sys.stderr, disable=args.no_progress, dynamic_ncols=True) as bar:
+            if args.servers:
+                compile_s = None
+                points, series = sweep_servers(args, mix, spec, slo, lambda: bar.update(1))
+                kinds: dict[str, str] = {}
+            else:
+                compile_s = compile_graphs(loaded, options)
+                points, kinds = sweep_in_process(loaded, options, mix, spec, slo, lambda: bar.update(1))
+                series = ["continuous", "static"]
+    finally:
+        torch.set_num_threads(threads)
+    result = {
+        "workload": workload.name,
+        "requests_per_rate": spec.requests,
+        "rates": list(spec.rates),
+        "seed": spec.seed,
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attainment_goal": 0.9},
+        "ignore_eos": args.ignore_eos,
+        "where": "servers: " + ", ".join(series) if args.servers else "in-process race per rate, lane clocks",
+        "engine": asdict(options),
+        "machine": machine_info(loaded) | {"torch_threads": args.threads},
+        "compile_s": compile_s,
+        "steps": kinds,
+        **summary(points, slo, series),
+    }
+    if args.plot:
+        title = f"Load sweep: {workload.name}, {spec.requests} requests per rate, seed {spec.seed}"
+        found = goodputs(points)
+        sweep_chart(points_frame(points), slo, knees(points, KNEE_COLUMNS), found, title).save(
+            str(args.plot), format="png"
+        )
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging(logging.WARNING)
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        args = build_parser().parse_args(argv)
+        result = run(args)
+    except (SweepError, SettingsError, ModelLoadError, UnsupportedModelError, ServerStartError) as exc:
+        print(f"sweep: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"workload {result['workload']}, {result['requests_per_rate']} requests per rate, seed {result['seed']}, "
+        f"{result['where']}; target {Slo(**{k: result['slo'][k] for k in ('ttft_s', 'tpot_s')}).words()}"
+    )
+    print(format_table([SweepPoint(**_fields(point)) for point in result["points"]]))
+    print()
+    print("\n".join(result["lines"]))
+    if result["headline"]:
+        print(result["headline"])
+    if args.json:
+        args.json.write_text(json.dumps(json_safe(result), indent=1, allow_nan=False), encoding="utf-8")
+    return 0
+
+
+def _fields(point: dict) -> dict:
+    derived = ("failed", "attainment", "request_throughput", "output_throughput")
+    return {key: value for key, value in point.items() if key not in derived}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
