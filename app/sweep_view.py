@@ -5,6 +5,7 @@ rate's race is over. Plain Python, tested without Streamlit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -67,6 +68,7 @@ class LiveSweep:
     stopped: bool = False
     error: str | None = None
     ended: bool = False
+    clock: Callable[[], float] = time.monotonic  # the page's wall clock: how long the whole sweep took to run
 
     def __post_init__(self) -> None:
         self.index = 0  # the rate running now (len(rates) once every rate is done)
@@ -74,6 +76,8 @@ class LiveSweep:
         self.lanes: dict[str, RunRecord] = {}
         self.finished = dict.fromkeys(RACE_MODES, 0)
         self.baton = Baton()  # the script run that follows this sweep (app.baton)
+        self.started = self.clock()
+        self.wall_s: float | None = None  # seconds from Run to the sweep's end, once it is over
 
     # --- driving -------------------------------------------------------------------------------------------------
     def begin(self) -> None:
@@ -147,6 +151,7 @@ class LiveSweep:
     def _end(self, error: str | None) -> None:
         self.ended = True
         self.error = error
+        self.wall_s = self.clock() - self.started
 
     def stop(self) -> None:
         """The Stop button: the running rate is cancelled on both lanes and left out; the rates done are kept."""
@@ -193,6 +198,7 @@ class LiveSweep:
             return f"Stopped by an error after {len(self.records)} of {count} rates: {self.error}"
         if self.ended:
             verb = "Stopped" if self.stopped else "Done"
-            return f"{verb}: {len(self.records)} of {count} rates swept, {self.spec.requests} requests each."
+            took = f" in {self.wall_s:.0f} s" if self.wall_s is not None else ""
+            return f"{verb}: {len(self.records)} of {count} rates swept, {self.spec.requests} requests each{took}."
         lanes = ", ".join(f"{mode} {self.finished[mode]}/{self.spec.requests}" for mode in RACE_MODES)
         return f"Rate {self.index + 1} of {count}: {self.rate:g} requests/s · {lanes} done"
