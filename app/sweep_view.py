@@ -1,13 +1,15 @@
 """The page's view of a load sweep (`batching.sweep`): one private race per rate in the engine process, started one
 after the other, each lane's steps folded into a record on that lane's clock, and a sweep point per lane once a
-rate's race is over. Plain Python, tested without Streamlit.
+rate's race is over; with `auto` rates, a first race of every request at once picks them. Plain Python, tested
+without Streamlit.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from app.baton import Baton, Follower
@@ -15,7 +17,7 @@ from batching.arrivals import Schedule
 from batching.engine.events import FinishedEvent
 from batching.race import RACE_MODES, LaneStep
 from batching.runs import RunRecord
-from batching.sweep import SweepSpec
+from batching.sweep import SweepSpec, auto_rates, capacity, format_rates
 from utils.metrics import steps_kind
 from utils.sweep import Slo, SweepPoint, record_point
 
@@ -40,8 +42,10 @@ class SweepRace(Protocol):
     def close(self) -> None: ...
 
 
-# Starts the race of rate number `index` arriving on `schedule`; ValueError for input the engine refuses.
+# Starts the race of rate number `index` (-1: the calibration race of `auto` rates) arriving on `schedule`;
+# ValueError for input the engine refuses.
 StartRace = Callable[[int, Schedule], SweepRace]
+CALIBRATION = -1
 
 
 @dataclass(frozen=True)
@@ -78,18 +82,27 @@ class LiveSweep:
         self.baton = Baton()  # the script run that follows this sweep (app.baton)
         self.started = self.clock()
         self.wall_s: float | None = None  # seconds from Run to the sweep's end, once it is over
+        self.capacities: dict[str, float] = {}  # `auto`: requests/s each schedule served with every request at once
 
     # --- driving -------------------------------------------------------------------------------------------------
     def begin(self) -> None:
-        """Start the first rate's race; ValueError (nothing started) if the engine refuses the requests."""
-        self._start(0)
+        """Start the first race (the calibration's with `auto` rates); ValueError (nothing started) if the engine
+        refuses the requests."""
+        self._start(CALIBRATION if self.spec.auto else 0)
 
     def _start(self, index: int) -> None:
-        rate = self.spec.rates[index]
         self.index = index
         self.lanes = {mode: RunRecord(mode, 0.0, slots=self.slots) for mode in RACE_MODES}
         self.finished = dict.fromkeys(RACE_MODES, 0)
-        self.race = self.start_race(index, self.spec.schedule(rate))
+        if index == CALIBRATION:
+            schedule = Schedule.at_once(self.spec.requests)
+        else:
+            schedule = self.spec.schedule(self.spec.rates[index])
+        self.race = self.start_race(index, schedule)
+
+    @property
+    def calibrating(self) -> bool:
+        return self.index == CALIBRATION
 
     def follow(self) -> Follower:
         """This script run becomes the sweep's follower (an older one stops at its next tick)."""
@@ -134,6 +147,8 @@ class LiveSweep:
         for mode, start, stop in end.walls:
             record = self.lanes[mode]
             record.start, record.end = start, stop
+        if self.calibrating:
+            return self._calibrated()
         self.records[self.rate] = self.lanes
         for mode, record in self.lanes.items():
             self.points.append(record_point(mode, self.rate, record, self.slo, self.spec.requests))
@@ -147,6 +162,16 @@ class LiveSweep:
             self.index = len(self.spec.rates)
             self._end(None)
         return True
+
+    def _calibrated(self) -> bool:
+        """Every request at once on both lanes is over: the rates are picked from what each served per second."""
+        self.capacities = {mode: capacity(record) for mode, record in self.lanes.items()}
+        try:
+            self.spec = replace(self.spec, rates=auto_rates(self.capacities["static"], self.capacities["continuous"]))
+            self._start(0)
+        except ValueError as exc:
+            self._end(str(exc))
+        return False
 
     def _end(self, error: str | None) -> None:
         self.ended = True
@@ -175,7 +200,9 @@ class LiveSweep:
 
     @property
     def rate(self) -> float:
-        """The rate running now (the last one once all are done)."""
+        """The rate running now (the last one once all are done; NaN while `auto` rates are being picked)."""
+        if self.calibrating or not self.spec.rates:
+            return math.nan
         return self.spec.rates[min(self.index, len(self.spec.rates) - 1)]
 
     @property
@@ -184,21 +211,42 @@ class LiveSweep:
         return self.ended and not self.stopped and self.error is None and len(self.records) == len(self.spec.rates)
 
     def requests_done(self) -> int:
-        """Requests finished so far, on both lanes of every rate (the progress bar's count)."""
+        """Requests finished so far, on both lanes of every race (the progress bar's count)."""
         running = sum(self.finished.values()) if self.race is not None else 0
-        return len(self.records) * self.spec.requests * len(RACE_MODES) + running
+        races = len(self.records) + (1 if self.capacities else 0)
+        return races * self.spec.requests * len(RACE_MODES) + running
+
+    def total_requests(self) -> int:
+        """Requests the whole sweep finishes on both lanes, its calibration race included."""
+        races = len(self.spec.rates) + (1 if self.capacities else 0) if not self.spec.auto else None
+        return self.spec.total_requests if races is None else races * self.spec.requests * len(RACE_MODES)
 
     def progress(self) -> float:
-        return min(1.0, self.requests_done() / self.spec.total_requests)
+        if self.ended and not self.stopped and self.error is None:
+            return 1.0
+        return min(1.0, self.requests_done() / self.total_requests())
 
     def progress_line(self) -> str:
         """Where the sweep stands, in words."""
         count = len(self.spec.rates)
+        swept = f"{len(self.records)} of {count} rates" if count else "no rate (they were still being picked)"
         if self.error is not None:
-            return f"Stopped by an error after {len(self.records)} of {count} rates: {self.error}"
+            return f"Stopped by an error after {swept}: {self.error}"
         if self.ended:
             verb = "Stopped" if self.stopped else "Done"
             took = f" in {self.wall_s:.0f} s" if self.wall_s is not None else ""
-            return f"{verb}: {len(self.records)} of {count} rates swept, {self.spec.requests} requests each{took}."
+            return f"{verb}: {swept} swept, {self.spec.requests} requests each{took}."
         lanes = ", ".join(f"{mode} {self.finished[mode]}/{self.spec.requests}" for mode in RACE_MODES)
+        if self.calibrating:
+            return f"Picking the rates: every request at once on both lanes · {lanes} done"
         return f"Rate {self.index + 1} of {count}: {self.rate:g} requests/s · {lanes} done"
+
+    def rates_line(self) -> str | None:
+        """How `auto` picked the rates, once it has."""
+        if not self.capacities:
+            return None
+        served = ", ".join(f"{mode} {self.capacities[mode]:.3g}" for mode in RACE_MODES)
+        return (
+            f"Rates picked for this machine: {format_rates(self.spec.rates)} requests/s, from a quarter of the lower "
+            f"to twice the higher of what each schedule served with every request at once ({served} requests/s)."
+        )

@@ -5,6 +5,11 @@ exponential draws, so a higher rate is the same arrivals closer together) on a c
 on a clock that counts only its own steps and jumps idle gaps (`batching.race`). What each lane recorded is the
 sweep's data; `utils.sweep` turns it into latency percentiles, SLO attainment, goodput and knees.
 
+The rates may be picked for the machine (`auto`): one race of every request at once first measures what each
+schedule serves when it is never idle (its capacity, requests/s), and the sweep then spans from a quarter of the
+lower capacity to twice the higher, so it starts below static's knee and ends past continuous's however fast the
+machine is today (the same model on this machine has served 3x as fast within an hour).
+
 The page runs each rate as a private race in the engine process (`app.sweep_view`); the CLI
 (`python -m batching.bench.sweep`) and the tests run them here, in-process, with `run_rate`.
 """
@@ -22,9 +27,10 @@ from batching.engine.request import Request
 from batching.race import LaneStep, Race
 from batching.runs import RunRecord, StepClock
 
-# From below static batching's capacity to above continuous batching's on the embedded model (docs/benchmarks.md):
-# low rates cost the most compute (little batching), high ones little (the lanes' clocks jump no idle gaps there).
-DEFAULT_RATES = (2.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
+AUTO = "auto"
+AUTO_POINTS = 10
+AUTO_LOW = 0.25  # the lowest rate, of the lower capacity: light load, below static's knee
+AUTO_HIGH = 2.0  # the highest, of the higher capacity: past continuous's knee
 DEFAULT_REQUESTS = 32
 MAX_RATES = 24
 MAX_REQUESTS = 1024
@@ -33,10 +39,13 @@ Item = TypeVar("Item")
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
-    """Request rates from a comma (or space) separated list, in ascending order; ValueError names the bad part."""
+    """Request rates from a comma (or space) separated list, in ascending order, or () for `auto` (picked for the
+    machine by a first race of every request at once); ValueError names the bad part."""
+    if text.strip().lower() == AUTO:
+        return ()
     parts = [part for part in text.replace(",", " ").split() if part]
     if not parts:
-        raise ValueError("give at least one request rate, e.g. 2, 4, 8")
+        raise ValueError("give at least one request rate, e.g. 2, 4, 8, or auto")
     rates = []
     for part in parts:
         try:
@@ -50,19 +59,41 @@ def parse_rates(text: str) -> tuple[float, ...]:
 
 
 def format_rates(rates: Sequence[float]) -> str:
-    return ", ".join(f"{rate:g}" for rate in rates)
+    return ", ".join(f"{rate:g}" for rate in rates) if rates else AUTO
+
+
+def capacity(record: RunRecord) -> float:
+    """Requests a run finished per second of its clock: with every request there at once, what its schedule serves
+    when it is never idle."""
+    return len(record.finished) / record.wall_s if record.wall_s > 0 else math.nan
+
+
+def auto_rates(static_capacity: float, continuous_capacity: float, points: int = AUTO_POINTS) -> tuple[float, ...]:
+    """`points` rates evenly spaced on a log scale from a quarter of the lower capacity to twice the higher, each
+    rounded to two significant figures."""
+    capacities = [rate for rate in (static_capacity, continuous_capacity) if math.isfinite(rate) and rate > 0]
+    if not capacities:
+        raise ValueError("the calibration race served nothing: give the rates yourself")
+    low, high = AUTO_LOW * min(capacities), AUTO_HIGH * max(capacities)
+    step = (high / low) ** (1 / (points - 1))
+    return tuple(sorted({_two_figures(low * step**index) for index in range(points)}))
+
+
+def _two_figures(value: float) -> float:
+    return float(f"{value:.2g}")
 
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """What a sweep runs: the rates (ascending), how many requests arrive at each, and the arrivals' seed."""
+    """What a sweep runs: the rates (ascending; none: `auto`, picked by a first race), how many requests arrive at
+    each, and the arrivals' seed."""
 
-    rates: tuple[float, ...]
+    rates: tuple[float, ...] = ()
     requests: int = DEFAULT_REQUESTS
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.rates or len(self.rates) > MAX_RATES:
+        if len(self.rates) > MAX_RATES:
             raise ValueError(f"{len(self.rates)} request rates are not allowed: give 1 to {MAX_RATES}")
         if tuple(sorted(set(self.rates))) != self.rates or not all(math.isfinite(r) and r > 0 for r in self.rates):
             raise ValueError("request rates must be distinct numbers above 0, in ascending order")
@@ -70,6 +101,11 @@ class SweepSpec:
             raise ValueError(f"requests={self.requests} per rate is not allowed: choose 1 to {MAX_REQUESTS}")
         if self.seed < 0:
             raise ValueError(f"seed={self.seed} is not allowed: must be >= 0")
+
+    @property
+    def auto(self) -> bool:
+        """The rates are still to be picked (`auto_rates`, after a race of every request at once)."""
+        return not self.rates
 
     def schedule(self, rate: float) -> Schedule:
         """This rate's arrivals: the same seeded draws at every rate, scaled by 1 / rate."""
@@ -83,8 +119,10 @@ class SweepSpec:
 
     @property
     def total_requests(self) -> int:
-        """Requests the whole sweep finishes, counting each lane's."""
-        return len(self.rates) * self.requests * 2
+        """Requests the whole sweep finishes, counting each lane's (with `auto`, its calibration race and the
+        rates it will pick)."""
+        races = AUTO_POINTS + 1 if self.auto else len(self.rates)
+        return races * self.requests * 2
 
 
 def run_rate(

@@ -15,7 +15,7 @@ from app.frame import Frame
 from app.runs.sweep import QUEUE, SweepChoice
 from app.sweep_view import LiveSweep
 from batching.bench.workloads import builtin_workload_names
-from batching.sweep import DEFAULT_RATES, DEFAULT_REQUESTS, MAX_REQUESTS, SweepSpec, format_rates, parse_rates
+from batching.sweep import AUTO, DEFAULT_REQUESTS, MAX_REQUESTS, SweepSpec, parse_rates
 from utils import export
 from utils.sweep import ATTAINMENT_GOAL, Slo, goodputs, headline, knees, points_frame, readable_frame
 from utils.sweep_charts import CAPTIONS, KNEE_COLUMNS, attainment_chart, latency_chart, throughput_chart
@@ -86,10 +86,11 @@ def sweep_form(frame: Frame, start: Start, stop: Callable[[], None], running: bo
     )
     rates_text = rates_col.text_input(
         "Request rates (requests/s)",
-        format_rates(DEFAULT_RATES),
+        AUTO,
         key="sweep_rates",
-        help="From below what static batching can serve to above what continuous batching can: low rates cost the "
-        "most compute (little batching), high ones little.",
+        help="Comma-separated, e.g. 2, 4, 8, 16; or auto: a first race of every request at once measures what each "
+        "schedule serves flat out on this machine, and ten rates span a quarter of the lower to twice the higher. "
+        "Low rates cost the most compute (little batching), high ones little.",
     )
     requests = count_col.number_input("Requests per rate", 1, MAX_REQUESTS, DEFAULT_REQUESTS, key="sweep_requests")
     ttft_col, tpot_col, _ = st.columns([1, 1, 2])
@@ -152,6 +153,9 @@ def follow(sweep: LiveSweep, layout: SweepLayout) -> None:
 def draw_results(sweep: LiveSweep, layout: SweepLayout) -> None:
     """The headline, the charts and the table of the rates done so far."""
     with layout.results.container():
+        picked = sweep.rates_line()
+        if picked:
+            st.caption(picked)
         if not sweep.points:
             st.caption("The charts appear once the first rate has run on both lanes.")
             return
@@ -206,6 +210,8 @@ def table_section(sweep: LiveSweep, setup: dict) -> None:
     found = goodputs(sweep.points)
     document = {
         "setup": setup,
+        "rates": list(sweep.spec.rates),
+        "capacities": sweep.capacities,
         "points": [point.as_dict() for point in sweep.points],
         "goodput": {name: {"rate": each.rate, "whole_sweep": each.whole_sweep} for name, each in found.items()},
         "headline": headline(found["continuous"], found["static"], sweep.slo),

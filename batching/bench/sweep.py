@@ -32,6 +32,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
+from batching.arrivals import Schedule
 from batching.bench import serve_peer
 from batching.bench.local_server import ServerStartError
 from batching.bench.report import machine_info
@@ -46,7 +47,7 @@ from batching.engine.request import Request
 from batching.race import LaneStep
 from batching.runs import StepClock
 from batching.service import engine_options
-from batching.sweep import DEFAULT_RATES, DEFAULT_REQUESTS, SweepSpec, format_rates, parse_rates, run_rate
+from batching.sweep import AUTO, DEFAULT_REQUESTS, SweepSpec, auto_rates, capacity, format_rates, parse_rates, run_rate
 from config.settings import SettingsError, load_settings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
@@ -84,7 +85,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m batching.bench.sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default=DEFAULT_WORKLOAD, help="the prompt mix: built-in, 'random' or a file")
-    parser.add_argument("--rates", default=format_rates(DEFAULT_RATES), help="requests/s, comma-separated")
+    parser.add_argument(
+        "--rates", default=AUTO, help="requests/s, comma-separated, or auto (picked by a race of every request at once)"
+    )
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per rate (the mix cycled)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (and the random workload)")
     parser.add_argument("--slo-ttft", type=float, default=DEFAULT_TTFT_MS, help="TTFT target, ms (default 500)")
@@ -126,6 +129,8 @@ def check_args(args: argparse.Namespace) -> tuple[SweepSpec, Slo, Workload]:
             raise SweepError(f"--{flag} {path}: the folder {path.parent} does not exist")
     try:
         spec = SweepSpec(parse_rates(args.rates), args.requests, args.seed)
+        if spec.auto and args.servers:
+            raise ValueError("--rates auto picks rates for the in-process sweep: give the servers' rates, e.g. 2,4,8")
         slo = Slo(args.slo_ttft / 1000, args.slo_tpot / 1000)
         workload = random_workload(seed=args.seed) if args.workload == RANDOM_NAME else load_workload(args.workload)
     except ValueError as exc:
@@ -182,6 +187,17 @@ def compile_graphs(loaded: LoadedModel, options: BatcherOptions) -> float | None
     return total
 
 
+@dataclass
+class InProcess:
+    """What the in-process sweep ran: its points, the rates (picked by the calibration race with `auto`, and what
+    each schedule served in it), and how each lane's steps ran."""
+
+    points: list[SweepPoint]
+    rates: tuple[float, ...]
+    capacities: dict[str, float]
+    steps: dict[str, str]
+
+
 def sweep_in_process(
     loaded: LoadedModel,
     options: BatcherOptions,
@@ -189,8 +205,8 @@ def sweep_in_process(
     spec: SweepSpec,
     slo: Slo,
     on_finished: Callable[[], object] = lambda: None,
-) -> tuple[list[SweepPoint], dict[str, str]]:
-    """Every rate as a race of both schedules; the points, and how each lane's steps ran (eager or compiled)."""
+) -> InProcess:
+    """`auto`'s calibration race first, then every rate as a race of both schedules."""
     builder = PoolGeometry.of(loaded.model).request_builder(loaded.tokenizer, options)
     params = [RequestParams(cap, ignore_eos=mix.ignore_eos) for cap in mix.caps]
     requests: list[Request] = [
@@ -205,14 +221,20 @@ def sweep_in_process(
             if isinstance(event, FinishedEvent):
                 on_finished()
 
-    points: list[SweepPoint] = []
-    kinds: dict[str, str] = {}
+    capacities: dict[str, float] = {}
+    if spec.auto:
+        records = run_rate(make, requests, Schedule.at_once(len(requests)), counted)
+        capacities = {mode: capacity(record) for mode, record in records.items()}
+        try:
+            spec = replace(spec, rates=auto_rates(capacities["static"], capacities["continuous"]))
+        except ValueError as exc:
+            raise SweepError(str(exc)) from None
+    done = InProcess([], spec.rates, capacities, {})
     for rate in spec.rates:
-        records = run_rate(make, requests, spec.schedule(rate), counted)
-        for mode, record in records.items():
-            points.append(record_point(mode, rate, record, slo, spec.requests))
-            kinds[f"{mode} at {rate:g}/s"] = steps_kind(record)
-    return points, kinds
+        for mode, record in run_rate(make, requests, spec.schedule(rate), counted).items():
+            done.points.append(record_point(mode, rate, record, slo, spec.requests))
+            done.steps[f"{mode} at {rate:g}/s"] = steps_kind(record)
+    return done
 
 
 # --- against servers -----------------------------------------------------------------------------------------------
@@ -364,22 +386,26 @@ def run(args: argparse.Namespace) -> dict:
         loaded = load_model(settings.model.model_copy(update=updates), settings.tokenizer)
         check_supported(loaded.model)
         mix = tokenised_mix(loaded, options, spec, workload, args)
-        total = spec.requests * len(spec.rates) * (2 if not args.servers else len(args.servers.split(",")))
+        servers = len(args.servers.split(",")) if args.servers else 0
+        total = spec.requests * len(spec.rates) * servers if servers else spec.total_requests
         with tqdm(total=total, unit="req", file=sys.stderr, disable=args.no_progress, dynamic_ncols=True) as bar:
             if args.servers:
                 compile_s = None
                 points, series = sweep_servers(args, mix, spec, slo, lambda: bar.update(1))
-                kinds: dict[str, str] = {}
+                done = InProcess(points, spec.rates, {}, {})
             else:
                 compile_s = compile_graphs(loaded, options)
-                points, kinds = sweep_in_process(loaded, options, mix, spec, slo, lambda: bar.update(1))
+                done = sweep_in_process(loaded, options, mix, spec, slo, lambda: bar.update(1))
                 series = ["continuous", "static"]
     finally:
         torch.set_num_threads(threads)
+    points = done.points
     result = {
         "workload": workload.name,
         "requests_per_rate": spec.requests,
-        "rates": list(spec.rates),
+        "rates_asked": args.rates,
+        "rates": list(done.rates),
+        "capacities": done.capacities,
         "seed": spec.seed,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attainment_goal": 0.9},
         "ignore_eos": args.ignore_eos,
@@ -387,7 +413,7 @@ def run(args: argparse.Namespace) -> dict:
         "engine": asdict(options),
         "machine": machine_info(loaded) | {"torch_threads": args.threads},
         "compile_s": compile_s,
-        "steps": kinds,
+        "steps": done.steps,
         **summary(points, slo, series),
     }
     if args.plot:
@@ -412,6 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"workload {result['workload']}, {result['requests_per_rate']} requests per rate, seed {result['seed']}, "
         f"{result['where']}; target {Slo(**{k: result['slo'][k] for k in ('ttft_s', 'tpot_s')}).words()}"
     )
+    if result["capacities"]:
+        served = ", ".join(f"{mode} {rate:.3g}" for mode, rate in result["capacities"].items())
+        print(f"rates picked (auto): {format_rates(result['rates'])} requests/s; every request at once: {served} req/s")
     print(format_table([SweepPoint(**_fields(point)) for point in result["points"]]))
     print()
     print("\n".join(result["lines"]))

@@ -11,7 +11,6 @@ from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
 from app.runs.sweep import QUEUE
-from batching.sweep import DEFAULT_RATES, format_rates
 from tests.app.test_app import add, button, open_app, tiny_env  # noqa: F401 (a fixture)
 
 SWEEP = "app/views/sweep.py"
@@ -37,7 +36,7 @@ def charts(at: AppTest) -> dict[str, pd.DataFrame]:
 
 def test_the_sweep_view_opens_on_its_defaults_with_nothing_run(tiny_env: Path) -> None:  # noqa: F811
     at = open_sweep()
-    assert at.text_input(key="sweep_rates").value == format_rates(DEFAULT_RATES)
+    assert at.text_input(key="sweep_rates").value == "auto"
     assert at.number_input(key="sweep_requests").value == 32
     assert (at.number_input(key="sweep_ttft").value, at.number_input(key="sweep_tpot").value) == (500, 100)
     assert at.selectbox(key="sweep_mix").value == "seed-lab"

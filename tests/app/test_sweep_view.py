@@ -14,7 +14,7 @@ from batching.arrivals import Schedule
 from batching.engine.batcher import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.service import EngineClient, EngineConfig
-from batching.sweep import SweepSpec
+from batching.sweep import SweepSpec, auto_rates, format_rates
 from config.settings import EngineSettings, LimitSettings, ModelSettings, TokenizerSettings
 from tests.engine.helpers import random_prompts
 from utils.sweep import Slo
@@ -106,6 +106,24 @@ def test_a_sweep_races_every_rate_in_turn_and_keeps_both_lanes_points(client: En
     assert sweep.requests_done() == sweep.spec.total_requests == 36
     assert re.fullmatch(r"Done: 3 of 3 rates swept, 6 requests each in \d+ s\.", sweep.progress_line())
     assert set(sweep.steps.values()) == {"eager steps"}
+
+
+def test_auto_rates_come_from_a_first_race_of_every_request_at_once(client: EngineClient) -> None:
+    sweep, starts = sweep_of(client, (), requests=5)
+    sweep.begin()
+    assert sweep.calibrating and sweep.progress_line().startswith("Picking the rates: every request at once")
+    progress = follow_to_the_end(sweep)
+    assert sweep.completed and set(sweep.capacities) == {"continuous", "static"}
+    rates = sweep.spec.rates
+    assert rates == auto_rates(sweep.capacities["static"], sweep.capacities["continuous"])
+    assert starts.log[:2] == ["start -1", "close -1"]  # the calibration race, then each rate in order
+    assert starts.log[2:] == [f"{verb} {index}" for index in range(len(rates)) for verb in ("start", "close")]
+    assert [p.rate for p in sweep.points] == [rate for rate in rates for _ in ("continuous", "static")]
+    assert list(sweep.records) == list(rates)  # the calibration race is no point of the sweep
+    assert progress == sorted(progress) and progress[-1] == 1.0
+    assert sweep.requests_done() == (len(rates) + 1) * 5 * 2
+    line = sweep.rates_line()
+    assert line is not None and line.startswith(f"Rates picked for this machine: {format_rates(rates)} requests/s")
 
 
 def test_stop_leaves_the_running_rate_out_and_keeps_the_rates_done(client: EngineClient) -> None:

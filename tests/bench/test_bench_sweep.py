@@ -11,6 +11,7 @@ import pytest
 from batching.arrivals import Schedule
 from batching.bench import sweep
 from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.sweep import auto_rates, format_rates
 from tests.bench.vllm_helpers import RunningVllm
 
 CAPS = [5, 2, 7, 3]
@@ -56,6 +57,25 @@ def test_the_in_process_sweep_prints_every_point_and_writes_the_json_and_the_plo
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_auto_rates_are_picked_by_a_race_of_every_request_at_once_and_printed(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "auto.json"
+    argv = ["--workload", str(_workload(tmp_path)), "--model", str(tiny_model_dirs["llama"]), "--ignore-eos"]
+    assert _run([*argv, "--requests", "4", "--json", str(out)]) == 0  # --rates auto is the default
+    result = json.loads(out.read_text())
+    rates = tuple(result["rates"])
+    assert result["rates_asked"] == "auto" and rates == auto_rates(**_capacities(result))
+    assert [(p["series"], p["rate"]) for p in result["points"]] == [
+        (mode, rate) for rate in rates for mode in ("continuous", "static")
+    ]
+    assert f"rates picked (auto): {format_rates(rates)} requests/s" in capsys.readouterr().out
+
+
+def _capacities(result: dict) -> dict[str, float]:
+    return {f"{mode}_capacity": result["capacities"][mode] for mode in ("static", "continuous")}
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -63,7 +83,8 @@ def test_the_in_process_sweep_prints_every_point_and_writes_the_json_and_the_plo
         (["--requests", "0"], "requests=0 per rate is not allowed"),
         (["--workload", "nope"], "workload 'nope' is neither a built-in"),
         (["--slo-ttft", "0"], "the TTFT target 0.0 s is not allowed"),
-        (["--servers", "nginx"], "--servers 'nginx' is not allowed"),
+        (["--servers", "nginx", "--rates", "2"], "--servers 'nginx' is not allowed"),
+        (["--servers", "batchscope"], "--rates auto picks rates for the in-process sweep"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

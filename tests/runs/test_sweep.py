@@ -12,9 +12,10 @@ from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.builder import RequestBuilder
 from batching.engine.events import FinishedEvent, TokenEvent
 from batching.engine.params import RequestParams
+from batching.engine.request import FinishReason
 from batching.race import LaneStep
-from batching.runs import StepClock
-from batching.sweep import DEFAULT_RATES, SweepSpec, format_rates, parse_rates, run_rate
+from batching.runs import RunRecord, StepClock
+from batching.sweep import SweepSpec, auto_rates, capacity, format_rates, parse_rates, run_rate
 from config.settings import ModelSettings
 from model.loader import LoadedModel, load_model
 from utils.sweep import Slo, record_point
@@ -25,7 +26,21 @@ CAPS = [2, 12, 3, 10, 2, 14]
 def test_rates_are_parsed_sorted_and_deduplicated() -> None:
     assert parse_rates("8, 2 4,2") == (2.0, 4.0, 8.0)
     assert format_rates((2.0, 0.5, 16.0)) == "2, 0.5, 16"
-    assert parse_rates(format_rates(DEFAULT_RATES)) == DEFAULT_RATES
+    assert parse_rates(" Auto ") == () and format_rates(()) == "auto"  # picked for the machine
+
+
+def test_auto_rates_span_a_quarter_of_the_lower_capacity_to_twice_the_higher_in_even_log_steps() -> None:
+    rates = auto_rates(static_capacity=8.0, continuous_capacity=20.0)
+    assert rates == (2.0, 2.8, 3.9, 5.4, 7.6, 11.0, 15.0, 21.0, 29.0, 40.0)
+    with pytest.raises(ValueError, match="served nothing"):
+        auto_rates(float("nan"), 0.0)
+
+
+def test_capacity_is_requests_finished_per_second_of_the_runs_clock() -> None:
+    record = RunRecord("static", 1.0, end=5.0)
+    for index in range(6):
+        record.add(FinishedEvent(f"r{index}", FinishReason.LENGTH, (1,), "", 2, 1.0, 1.0, 2.0, 3.0, 0))
+    assert capacity(record) == 1.5
 
 
 @pytest.mark.parametrize(
@@ -35,6 +50,10 @@ def test_rates_are_parsed_sorted_and_deduplicated() -> None:
 def test_a_bad_rate_list_is_refused_naming_the_bad_part(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_rates(text)
+
+
+def test_a_spec_without_rates_is_auto_and_counts_its_calibration_race_in_its_total() -> None:
+    assert SweepSpec((), requests=4).auto and SweepSpec((), requests=4).total_requests == 11 * 4 * 2
 
 
 def test_a_spec_refuses_unsorted_rates_and_requests_out_of_range() -> None:
