@@ -31,6 +31,9 @@ class RaceEnd(Protocol):
     @property
     def error(self) -> str | None: ...
 
+    @property
+    def clock(self) -> str: ...
+
 
 class SweepRace(Protocol):
     """What the sweep needs of one rate's race in the engine (`batching.service.RaceHandle`)."""
@@ -72,7 +75,7 @@ class LiveSweep:
     stopped: bool = False
     error: str | None = None
     ended: bool = False
-    clock: Callable[[], float] = time.monotonic  # the page's wall clock: how long the whole sweep took to run
+    timer: Callable[[], float] = time.monotonic  # the page's wall clock: how long the whole sweep took to run
 
     def __post_init__(self) -> None:
         self.index = 0  # the rate running now (len(rates) once every rate is done)
@@ -80,7 +83,8 @@ class LiveSweep:
         self.lanes: dict[str, RunRecord] = {}
         self.finished = dict.fromkeys(RACE_MODES, 0)
         self.baton = Baton()  # the script run that follows this sweep (app.baton)
-        self.started = self.clock()
+        self.started = self.timer()
+        self.lane_clock = "wall"  # what the lanes' clocks counted during their steps (the engine says: cpu or wall)
         self.wall_s: float | None = None  # seconds from Run to the sweep's end, once it is over
         self.capacities: dict[str, float] = {}  # `auto`: requests/s each schedule served with every request at once
 
@@ -147,6 +151,7 @@ class LiveSweep:
         for mode, start, stop in end.walls:
             record = self.lanes[mode]
             record.start, record.end = start, stop
+        self.lane_clock = end.clock
         if self.calibrating:
             return self._calibrated()
         self.records[self.rate] = self.lanes
@@ -176,7 +181,7 @@ class LiveSweep:
     def _end(self, error: str | None) -> None:
         self.ended = True
         self.error = error
-        self.wall_s = self.clock() - self.started
+        self.wall_s = self.timer() - self.started
 
     def stop(self) -> None:
         """The Stop button: the running rate is cancelled on both lanes and left out; the rates done are kept."""

@@ -23,7 +23,7 @@ from batching.arrivals import Schedule
 from batching.engine.batcher import Batcher
 from batching.engine.events import Event
 from batching.engine.request import Request
-from batching.runs import ScheduledRun, StepClock
+from batching.runs import WALL, LaneClock, ScheduledRun, StepClock
 
 RACE_MODES = ("continuous", "static")
 MAX_PAUSE_S = 1.0
@@ -66,7 +66,8 @@ class Race:
     """The lanes of one race; `step()` advances the lane that is behind by one step.
 
     `make_batcher(mode, clock)` builds each lane's batcher on its clock; `requests[i]` arrives at `schedule.due[i]`
-    on every lane (each lane runs its own copy of it).
+    on every lane (each lane runs its own copy of it). `clock` says what the lanes' clocks count during their steps
+    (wall time; a load sweep counts the stepping thread's CPU time where that is all of a step's work).
     """
 
     def __init__(
@@ -76,17 +77,19 @@ class Race:
         schedule: Schedule,
         pause_s: float = 0.0,
         modes: Sequence[str] = RACE_MODES,
+        clock: LaneClock = WALL,
     ) -> None:
         if len(requests) != len(schedule):
             raise ValueError(f"{len(requests)} requests but {len(schedule)} arrival times: give one per request")
         self.pause_s = check_pause(pause_s)
         self.ready_at = 0.0  # time.monotonic() before which slow motion holds the next step
+        self.clock = clock
         self.lanes: dict[str, Lane] = {}
         for mode in modes:
-            clock = StepClock(start=0.0)
-            batcher = make_batcher(mode, clock)
-            lane_run = ScheduledRun(batcher, schedule, self._builder(mode, requests), sleep=clock.sleep)
-            self.lanes[mode] = Lane(mode, batcher, clock, lane_run)
+            lane_clock = StepClock(start=0.0, source=clock)
+            batcher = make_batcher(mode, lane_clock)
+            lane_run = ScheduledRun(batcher, schedule, self._builder(mode, requests), sleep=lane_clock.sleep)
+            self.lanes[mode] = Lane(mode, batcher, lane_clock, lane_run)
 
     def _builder(self, mode: str, requests: Sequence[Request]) -> Callable[[int, float], Request]:
         def build(index: int, arrival: float) -> Request:

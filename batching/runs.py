@@ -17,24 +17,40 @@ from batching.engine.events import Event, FinishedEvent, PreemptedEvent, StepEve
 from batching.engine.request import Request
 
 
+@dataclass(frozen=True)
+class LaneClock:
+    """What a `StepClock` reads while it runs: wall time (`WALL`), or the CPU time of the thread that steps (`CPU`:
+    only the step's own work, never the time other processes took the core, which on a shared machine can be most
+    of a step's wall time; valid when the step's work all runs on that thread, a CPU model on one torch thread)."""
+
+    name: str
+    read: Callable[[], float]
+
+
+WALL = LaneClock("wall", time.perf_counter)
+CPU = LaneClock("cpu", time.thread_time)
+
+
 class StepClock:
     """A clock that runs only while its owner says so (`resume`/`pause`); waiting for an arrival jumps it forward.
 
     A private batcher or a race lane reads it, so its timings count only its own steps, however busy the
-    machine is with others. `slept` is the total of the jumps (idle time waiting for arrivals).
+    machine is with others. `slept` is the total of the jumps (idle time waiting for arrivals). `source` says what
+    it counts while running (wall time by default).
     """
 
-    def __init__(self, start: float | None = None) -> None:
+    def __init__(self, start: float | None = None, source: LaneClock = WALL) -> None:
+        self._read = source.read
         self._base = time.perf_counter() if start is None else start
         self._resumed: float | None = None
         self.slept = 0.0
 
     def __call__(self) -> float:
-        running = time.perf_counter() - self._resumed if self._resumed is not None else 0.0
+        running = self._read() - self._resumed if self._resumed is not None else 0.0
         return self._base + running
 
     def resume(self) -> None:
-        self._resumed = time.perf_counter()
+        self._resumed = self._read()
 
     def pause(self) -> None:
         self._base = self()

@@ -5,6 +5,10 @@ exponential draws, so a higher rate is the same arrivals closer together) on a c
 on a clock that counts only its own steps and jumps idle gaps (`batching.race`). What each lane recorded is the
 sweep's data; `utils.sweep` turns it into latency percentiles, SLO attainment, goodput and knees.
 
+Where a step's work all runs on the stepping thread (a CPU model on one torch thread), the lanes' clocks count that
+thread's CPU time (`batching.runs.CPU`): a sweep lasts minutes, and on a machine shared with other jobs wall time
+during a step was up to three times its CPU time here, at random, which moved knees and goodput by 2x run to run.
+
 The rates may be picked for the machine (`auto`): one race of every request at once first measures what each
 schedule serves when it is never idle (its capacity, requests/s), and the sweep then spans from a quarter of the
 lower capacity to twice the higher, so it starts below static's knee and ends past continuous's however fast the
@@ -25,7 +29,7 @@ from batching.arrivals import Schedule
 from batching.engine.batcher import Batcher
 from batching.engine.request import Request
 from batching.race import LaneStep, Race
-from batching.runs import RunRecord, StepClock
+from batching.runs import WALL, LaneClock, RunRecord, StepClock
 
 AUTO = "auto"
 AUTO_POINTS = 10
@@ -130,9 +134,11 @@ def run_rate(
     requests: Sequence[Request],
     schedule: Schedule,
     on_step: Callable[[LaneStep], object] | None = None,
+    clock: LaneClock = WALL,
 ) -> dict[str, RunRecord]:
-    """One rate of the sweep in this process: a race of `requests` arriving on `schedule`; each lane's record."""
-    race = Race(make_batcher, requests, schedule)
+    """One rate of the sweep in this process: a race of `requests` arriving on `schedule`, its lanes' clocks
+    counting `clock` during their steps; each lane's record."""
+    race = Race(make_batcher, requests, schedule, clock=clock)
     while (step := race.step()) is not None:
         if on_step is not None:
             on_step(step)

@@ -35,6 +35,12 @@ TARGET_NOTE = (
     "streams at least 10 tokens a second, faster than anyone reads. A schedule sustains a rate when 90% of its "
     "requests meet the target there (and at every lower rate): its goodput, as DistServe defines it."
 )
+CLOCKS = {
+    "cpu": "Each lane's clock counted the engine thread's CPU time during its steps (the model runs on one CPU "
+    "thread): time other jobs on the machine took from it is not in these latencies.",
+    "wall": "Each lane's clock counted wall time during its steps: on a busy machine, time other jobs took from "
+    "the engine is in these latencies.",
+}
 Start = Callable[[SweepChoice], None]
 
 
@@ -180,7 +186,7 @@ def draw_results(sweep: LiveSweep, layout: SweepLayout) -> None:
             st.caption(CAPTIONS["attainment"])
         st.caption(CAPTIONS["latency"] + " " + CAPTIONS["throughput"])
         st.caption(knee_line(bends))
-        st.caption("Steps: " + steps_line(sweep))
+        st.caption(f"Steps: {steps_line(sweep)}. {CLOCKS[sweep.lane_clock]}")
 
 
 def knee_line(bends: dict[tuple[str, str], float | None]) -> str:

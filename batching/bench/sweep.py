@@ -45,7 +45,7 @@ from batching.engine.model_support import UnsupportedModelError, check_supported
 from batching.engine.params import RequestParams
 from batching.engine.request import Request
 from batching.race import LaneStep
-from batching.runs import StepClock
+from batching.runs import CPU, WALL, LaneClock, StepClock
 from batching.service import engine_options
 from batching.sweep import AUTO, DEFAULT_REQUESTS, SweepSpec, auto_rates, capacity, format_rates, parse_rates, run_rate
 from config.settings import SettingsError, load_settings
@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="builtin, a hub id or a local folder (default: settings)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1, as the page's engine)")
     parser.add_argument("--eager", action="store_true", help="in-process: eager steps even if the settings compile")
+    parser.add_argument("--wall-clock", action="store_true", help="in-process: lanes count wall time, not CPU time")
     parser.add_argument("--servers", help="sweep these servers instead: " + ", ".join(serve_peer.SERVERS))
     parser.add_argument("--vllm-python", help="vLLM's environment's Python (default: settings)")
     parser.add_argument("--json", type=Path, help="write every figure here")
@@ -196,6 +197,7 @@ class InProcess:
     rates: tuple[float, ...]
     capacities: dict[str, float]
     steps: dict[str, str]
+    clock: str = "wall"
 
 
 def sweep_in_process(
@@ -204,9 +206,11 @@ def sweep_in_process(
     mix: Mix,
     spec: SweepSpec,
     slo: Slo,
+    clock: LaneClock,
     on_finished: Callable[[], object] = lambda: None,
 ) -> InProcess:
-    """`auto`'s calibration race first, then every rate as a race of both schedules."""
+    """`auto`'s calibration race first, then every rate as a race of both schedules, on lane clocks that count
+    `clock` during their steps."""
     builder = PoolGeometry.of(loaded.model).request_builder(loaded.tokenizer, options)
     params = [RequestParams(cap, ignore_eos=mix.ignore_eos) for cap in mix.caps]
     requests: list[Request] = [
@@ -223,18 +227,23 @@ def sweep_in_process(
 
     capacities: dict[str, float] = {}
     if spec.auto:
-        records = run_rate(make, requests, Schedule.at_once(len(requests)), counted)
+        records = run_rate(make, requests, Schedule.at_once(len(requests)), counted, clock)
         capacities = {mode: capacity(record) for mode, record in records.items()}
         try:
             spec = replace(spec, rates=auto_rates(capacities["static"], capacities["continuous"]))
         except ValueError as exc:
             raise SweepError(str(exc)) from None
-    done = InProcess([], spec.rates, capacities, {})
+    done = InProcess([], spec.rates, capacities, {}, clock.name)
     for rate in spec.rates:
-        for mode, record in run_rate(make, requests, spec.schedule(rate), counted).items():
+        for mode, record in run_rate(make, requests, spec.schedule(rate), counted, clock).items():
             done.points.append(record_point(mode, rate, record, slo, spec.requests))
             done.steps[f"{mode} at {rate:g}/s"] = steps_kind(record)
     return done
+
+
+def lane_clock(loaded: LoadedModel, wall: bool) -> LaneClock:
+    """CPU time where it is all of a step's work (a CPU model on one torch thread), as the page's engine counts."""
+    return CPU if not wall and loaded.device.type == "cpu" and torch.get_num_threads() == 1 else WALL
 
 
 # --- against servers -----------------------------------------------------------------------------------------------
@@ -395,7 +404,8 @@ def run(args: argparse.Namespace) -> dict:
                 done = InProcess(points, spec.rates, {}, {})
             else:
                 compile_s = compile_graphs(loaded, options)
-                done = sweep_in_process(loaded, options, mix, spec, slo, lambda: bar.update(1))
+                clock = lane_clock(loaded, args.wall_clock)
+                done = sweep_in_process(loaded, options, mix, spec, slo, clock, lambda: bar.update(1))
                 series = ["continuous", "static"]
     finally:
         torch.set_num_threads(threads)
@@ -409,7 +419,8 @@ def run(args: argparse.Namespace) -> dict:
         "seed": spec.seed,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attainment_goal": 0.9},
         "ignore_eos": args.ignore_eos,
-        "where": "servers: " + ", ".join(series) if args.servers else "in-process race per rate, lane clocks",
+        "where": "servers: " + ", ".join(series) if args.servers else f"in-process race per rate, {done.clock} clocks",
+        "lane_clock": done.clock if not args.servers else None,
         "engine": asdict(options),
         "machine": machine_info(loaded) | {"torch_threads": args.threads},
         "compile_s": compile_s,

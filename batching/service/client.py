@@ -174,11 +174,17 @@ class EngineClient:
         return self.private.open_private(mode, options)
 
     def start_race(
-        self, options: BatcherOptions, items: Sequence[Item], schedule: Schedule, pause_s: float = 0.0
+        self,
+        options: BatcherOptions,
+        items: Sequence[Item],
+        schedule: Schedule,
+        pause_s: float = 0.0,
+        cpu_clock: bool = False,
     ) -> RaceHandle:
         """Race (prompt, params, request id) items on a continuous and a static lane of your own, arriving on
-        `schedule` on each lane's clock; raises ValueError for bad input (nothing is started then)."""
-        return self.private.start_race(options, items, schedule, pause_s)
+        `schedule` on each lane's clock (`cpu_clock`: CPU time where that is a step's whole work); raises ValueError
+        for bad input (nothing is started then)."""
+        return self.private.start_race(options, items, schedule, pause_s, cpu_clock)
 
     # --- the reaper ------------------------------------------------------------------------------------------
     def _reap_loop(self) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from batching.engine.batcher import Batcher
@@ -23,7 +24,7 @@ from batching.engine.events import Event, FinishedEvent
 from batching.engine.options import BatcherOptions
 from batching.engine.request import FinishReason, Request
 from batching.race import RACE_MODES, LaneStep, Race
-from batching.runs import ScheduledRun, StepClock
+from batching.runs import CPU, WALL, ScheduledRun, StepClock
 from batching.service.messages import (
     Cancel,
     ClosePrivate,
@@ -204,8 +205,11 @@ class EngineCore:
         def make(mode: str, clock: StepClock) -> Batcher:
             return Batcher(self.model, self.tokenizer, command.options, mode=mode, clock=clock)
 
+        # CPU time counts a step's work only when all of it runs on this thread: a CPU model on one torch thread.
+        alone = self.model.device.type == "cpu" and torch.get_num_threads() == 1
+        clock = CPU if command.cpu_clock and alone else WALL
         try:
-            self.races[command.race_id] = Race(make, command.requests, command.schedule, command.pause_s)
+            self.races[command.race_id] = Race(make, command.requests, command.schedule, command.pause_s, clock=clock)
         except ValueError as exc:
             self.emit(RaceEnded(command.race_id, error=str(exc)))
             return
@@ -225,7 +229,7 @@ class EngineCore:
         if race.done:
             del self.races[race_id]
             walls = tuple((mode, lane.run.record.start, lane.run.record.end) for mode, lane in race.lanes.items())
-            self.emit(RaceEnded(race_id, walls))
+            self.emit(RaceEnded(race_id, walls, clock=race.clock.name))
             self.emit(self.stats())
 
     # --- the loop's work ----------------------------------------------------------------------------------------

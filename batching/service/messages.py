@@ -88,13 +88,16 @@ class ClosePrivate:
 
 @dataclass(frozen=True)
 class StartRace:
-    """Race these requests on a continuous and a static lane of the client's own (see `batching.race`)."""
+    """Race these requests on a continuous and a static lane of the client's own (see `batching.race`);
+    `cpu_clock`: the lanes' clocks count the engine thread's CPU time during their steps, where that is all of a
+    step's work (a load sweep; else wall time, as every race)."""
 
     race_id: str
     options: BatcherOptions
     requests: tuple[Request, ...]
     schedule: Schedule
     pause_s: float = 0.0
+    cpu_clock: bool = False
 
 
 @dataclass(frozen=True)
@@ -186,11 +189,13 @@ class LaneOutputs:
 
 @dataclass(frozen=True)
 class RaceEnded:
-    """Every lane of a race is done (`walls`: each lane's (mode, start, end) on its clock), or why it failed."""
+    """Every lane of a race is done (`walls`: each lane's (mode, start, end) on its clock, which counted `clock`:
+    wall or cpu time), or why it failed."""
 
     race_id: str
     walls: tuple[tuple[str, float, float], ...] = ()
     error: str | None = None
+    clock: str = "wall"
 
 
 @dataclass(frozen=True)

@@ -63,17 +63,23 @@ class PrivateRuns:
 
     # --- races -----------------------------------------------------------------------------------------------
     def start_race(
-        self, options: BatcherOptions, items: Sequence[Item], schedule: Schedule, pause_s: float = 0.0
+        self,
+        options: BatcherOptions,
+        items: Sequence[Item],
+        schedule: Schedule,
+        pause_s: float = 0.0,
+        cpu_clock: bool = False,
     ) -> RaceHandle:
         """Race (prompt, params, request id) items on a continuous and a static lane of your own, arriving on
-        `schedule` on each lane's clock; raises ValueError for bad input (nothing is started then)."""
+        `schedule` on each lane's clock (`cpu_clock`: CPU time where that is a step's whole work); raises ValueError
+        for bad input (nothing is started then)."""
         _one_arrival_each(items, schedule)
         check_pause(pause_s)
         self.lifecycle.ensure_running()
         requests = self._build(options, items)
         race = RaceHandle(self, self.router.new_id("race"), options)
         self.router.add(race)
-        self.lifecycle.send(StartRace(race.race_id, options, requests, schedule, pause_s))
+        self.lifecycle.send(StartRace(race.race_id, options, requests, schedule, pause_s, cpu_clock))
         return race
 
     def race_add(self, race: RaceHandle, item: Item) -> None:

@@ -38,14 +38,15 @@ def client(tiny_model_dirs) -> Iterator[EngineClient]:
 class Starts:
     """Starts each rate's race on the engine, and keeps the order of starts and closes it saw."""
 
-    def __init__(self, client: EngineClient, items: list) -> None:
+    def __init__(self, client: EngineClient, items: list, cpu_clock: bool = True) -> None:
         self.client = client
         self.items = items
+        self.cpu_clock = cpu_clock
         self.log: list[str] = []
 
     def __call__(self, index: int, schedule: Schedule) -> SweepRace:
         self.log.append(f"start {index}")
-        handle = self.client.start_race(OPTIONS, self.items, schedule)
+        handle = self.client.start_race(OPTIONS, self.items, schedule, cpu_clock=self.cpu_clock)
         starts = self
 
         class Logged:
@@ -106,6 +107,15 @@ def test_a_sweep_races_every_rate_in_turn_and_keeps_both_lanes_points(client: En
     assert sweep.requests_done() == sweep.spec.total_requests == 36
     assert re.fullmatch(r"Done: 3 of 3 rates swept, 6 requests each in \d+ s\.", sweep.progress_line())
     assert set(sweep.steps.values()) == {"eager steps"}
+    assert sweep.lane_clock == "cpu"  # a CPU model on one torch thread: the lanes counted the engine thread's CPU
+
+
+def test_lanes_count_wall_time_unless_the_sweep_asks_for_cpu_time(client: EngineClient) -> None:
+    sweep, starts = sweep_of(client, (100.0,), requests=3)
+    starts.cpu_clock = False
+    sweep.begin()
+    follow_to_the_end(sweep)
+    assert sweep.completed and sweep.lane_clock == "wall"
 
 
 def test_auto_rates_come_from_a_first_race_of_every_request_at_once(client: EngineClient) -> None:

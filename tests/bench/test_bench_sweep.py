@@ -51,6 +51,7 @@ def test_the_in_process_sweep_prints_every_point_and_writes_the_json_and_the_plo
     assert result["headline"].startswith("At TTFT p90 ≤ 500 ms and TPOT p90 ≤ 100 ms, ")
     assert result["engine"]["step_detail"] is False and result["engine"]["compile_steps"] is False
     assert set(result["steps"].values()) == {"eager steps"}
+    assert result["lane_clock"] == "cpu" and "in-process race per rate, cpu clocks" in printed
     table = [line for line in printed.splitlines() if line.strip().startswith(("continuous ", "static "))]
     assert len(table) == 4 and all("6/6" in line for line in table)
     assert result["headline"] in printed and "goodput continuous:" in printed and "knees static:" in printed
@@ -62,10 +63,11 @@ def test_auto_rates_are_picked_by_a_race_of_every_request_at_once_and_printed(
 ) -> None:
     out = tmp_path / "auto.json"
     argv = ["--workload", str(_workload(tmp_path)), "--model", str(tiny_model_dirs["llama"]), "--ignore-eos"]
-    assert _run([*argv, "--requests", "4", "--json", str(out)]) == 0  # --rates auto is the default
+    assert _run([*argv, "--requests", "4", "--json", str(out), "--wall-clock"]) == 0  # --rates auto: the default
     result = json.loads(out.read_text())
     rates = tuple(result["rates"])
     assert result["rates_asked"] == "auto" and rates == auto_rates(**_capacities(result))
+    assert result["lane_clock"] == "wall"
     assert [(p["series"], p["rate"]) for p in result["points"]] == [
         (mode, rate) for rate in rates for mode in ("continuous", "static")
     ]

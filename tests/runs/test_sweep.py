@@ -3,6 +3,7 @@ tiny model: each lane answers every request once, in the schedule's order of arr
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from batching.engine.events import FinishedEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.race import LaneStep
-from batching.runs import RunRecord, StepClock
+from batching.runs import CPU, WALL, LaneClock, RunRecord, StepClock
 from batching.sweep import SweepSpec, auto_rates, capacity, format_rates, parse_rates, run_rate
 from config.settings import ModelSettings
 from model.loader import LoadedModel, load_model
@@ -78,6 +79,18 @@ def test_the_mix_is_cycled_to_the_requests_per_rate() -> None:
     assert SweepSpec((1.0, 2.0, 3.0), requests=5).total_requests == 30
 
 
+def test_a_step_clock_counts_what_its_source_reads_while_it_runs_and_jumps_idle_gaps() -> None:
+    readings = iter([10.0, 13.0, 13.0, 50.0, 51.5, 51.5])
+    clock = StepClock(start=0.0, source=LaneClock("fake", lambda: next(readings)))
+    clock.resume()  # reads 10
+    assert clock() == 3.0  # reads 13: 3 s of the source since resume
+    clock.pause()  # reads 13
+    clock.sleep(2.0)  # an idle gap: jumped, not counted by the source
+    clock.resume()  # reads 50 (whatever the source did meanwhile is not the lane's)
+    assert clock() == 6.5  # 3 + 2 + 1.5
+    assert CPU.read is time.thread_time and WALL.read is time.perf_counter
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dirs: dict[str, Path]) -> LoadedModel:
     return load_model(ModelSettings(name_or_path=str(tiny_model_dirs["llama"]), device="cpu", dtype="float32"))
@@ -95,7 +108,7 @@ def test_one_rate_runs_both_lanes_on_the_same_arrivals_each_answering_every_requ
         return Batcher(tiny.model, tiny.tokenizer, BatcherOptions(max_batch_size=2, max_batched_tokens=64), mode, clock)
 
     steps: list[LaneStep] = []
-    records = run_rate(make, requests, schedule, steps.append)
+    records = run_rate(make, requests, schedule, steps.append, CPU)
     assert set(records) == {"continuous", "static"}
     for mode, record in records.items():
         finished = {event.request_id: event for event in record.finished}
