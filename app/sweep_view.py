@@ -252,6 +252,6 @@ class LiveSweep:
             return None
         served = ", ".join(f"{mode} {self.capacities[mode]:.3g}" for mode in RACE_MODES)
         return (
-            f"Rates picked for this machine: {format_rates(self.spec.rates)} requests/s, from a quarter of the lower "
-            f"to twice the higher of what each schedule served with every request at once ({served} requests/s)."
+            f"Rates picked for this machine: {format_rates(self.spec.rates)} requests/s, from 0.4 of the lower to 4 "
+            f"times the higher of what each schedule served with every request at once ({served} requests/s)."
         )

@@ -10,9 +10,9 @@ thread's CPU time (`batching.runs.CPU`): a sweep lasts minutes, and on a machine
 during a step was up to three times its CPU time here, at random, which moved knees and goodput by 2x run to run.
 
 The rates may be picked for the machine (`auto`): one race of every request at once first measures what each
-schedule serves when it is never idle (its capacity, requests/s), and the sweep then spans from a quarter of the
-lower capacity to twice the higher, so it starts below static's knee and ends past continuous's however fast the
-machine is today (the same model on this machine has served 3x as fast within an hour).
+schedule serves when it is never idle (its capacity, requests/s), and the sweep then spans from 0.4 of the lower
+capacity to 4 times the higher, so it starts below static's knee and ends near every request at once, past
+continuous's knee, however fast the machine is (compiled steps, or a quieter hour, move them 2-3x).
 
 The page runs each rate as a private race in the engine process (`app.sweep_view`); the CLI
 (`python -m batching.bench.sweep`) and the tests run them here, in-process, with `run_rate`.
@@ -33,9 +33,11 @@ from batching.runs import WALL, LaneClock, RunRecord, StepClock
 
 AUTO = "auto"
 AUTO_POINTS = 10
-AUTO_LOW = 0.25  # the lowest rate, of the lower capacity: light load, below static's knee
-AUTO_HIGH = 2.0  # the highest, of the higher capacity: past continuous's knee
-DEFAULT_REQUESTS = 32
+AUTO_LOW = 0.4  # the lowest rate, of the lower capacity: light load, below static's knee
+AUTO_HIGH = 4.0  # the highest, of the higher capacity: near every request at once, past continuous's knee
+# Enough requests that a queue can build past a target: with 32, continuous batching's first-token wait with every
+# request at once stayed under 200 ms once its steps were compiled, so it met that target at any rate.
+DEFAULT_REQUESTS = 48
 MAX_RATES = 24
 MAX_REQUESTS = 1024
 
@@ -73,8 +75,8 @@ def capacity(record: RunRecord) -> float:
 
 
 def auto_rates(static_capacity: float, continuous_capacity: float, points: int = AUTO_POINTS) -> tuple[float, ...]:
-    """`points` rates evenly spaced on a log scale from a quarter of the lower capacity to twice the higher, each
-    rounded to two significant figures."""
+    """`points` rates evenly spaced on a log scale from `AUTO_LOW` of the lower capacity to `AUTO_HIGH` times the
+    higher, each rounded to two significant figures."""
     capacities = [rate for rate in (static_capacity, continuous_capacity) if math.isfinite(rate) and rate > 0]
     if not capacities:
         raise ValueError("the calibration race served nothing: give the rates yourself")

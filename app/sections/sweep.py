@@ -21,7 +21,7 @@ from utils.sweep import ATTAINMENT_GOAL, Slo, goodputs, headline, knees, points_
 from utils.sweep_charts import CAPTIONS, KNEE_COLUMNS, attainment_chart, latency_chart, throughput_chart
 
 DEFAULT_MIX = "seed-lab"
-DEFAULT_TTFT_MS = 500
+DEFAULT_TTFT_MS = 200
 DEFAULT_TPOT_MS = 100
 POLL_S = 0.1
 INTRO = (
@@ -31,9 +31,9 @@ INTRO = (
 )
 TARGET_NOTE = (
     "A request meets the target when its time to first token (TTFT, from its arrival) and its time per output "
-    "token after the first (TPOT) are both within bounds. The defaults: the answer starts within half a second, then "
-    "streams at least 10 tokens a second, faster than anyone reads. A schedule sustains a rate when 90% of its "
-    "requests meet the target there (and at every lower rate): its goodput, as DistServe defines it."
+    "token after the first (TPOT) are both within bounds. The defaults: the answer starts within a fifth of a "
+    "second, then streams at least 10 tokens a second, faster than anyone reads. A schedule sustains a rate when "
+    "90% of its requests meet the target there (and at every lower rate): its goodput, as DistServe defines it."
 )
 CLOCKS = {
     "cpu": "Each lane's clock counted the engine thread's CPU time during its steps (the model runs on one CPU "
@@ -95,7 +95,7 @@ def sweep_form(frame: Frame, start: Start, stop: Callable[[], None], running: bo
         AUTO,
         key="sweep_rates",
         help="Comma-separated, e.g. 2, 4, 8, 16; or auto: a first race of every request at once measures what each "
-        "schedule serves flat out on this machine, and ten rates span a quarter of the lower to twice the higher. "
+        "schedule serves flat out on this machine, and ten rates span 0.4 of the lower to 4 times the higher. "
         "Low rates cost the most compute (little batching), high ones little.",
     )
     requests = count_col.number_input("Requests per rate", 1, MAX_REQUESTS, DEFAULT_REQUESTS, key="sweep_requests")

@@ -69,7 +69,7 @@ from utils.sweep import (
 from utils.sweep_charts import KNEE_COLUMNS, sweep_chart
 
 DEFAULT_WORKLOAD = "seed-lab"
-DEFAULT_TTFT_MS = 500.0
+DEFAULT_TTFT_MS = 200.0
 DEFAULT_TPOT_MS = 100.0
 
 
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per rate (the mix cycled)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (and the random workload)")
-    parser.add_argument("--slo-ttft", type=float, default=DEFAULT_TTFT_MS, help="TTFT target, ms (default 500)")
+    parser.add_argument("--slo-ttft", type=float, default=DEFAULT_TTFT_MS, help="TTFT target, ms (default 200)")
     parser.add_argument("--slo-tpot", type=float, default=DEFAULT_TPOT_MS, help="TPOT target, ms (default 100)")
     parser.add_argument("--batch-size", type=int, help="slots (default: settings)")
     parser.add_argument("--policy", help="admission order (default: settings)")

@@ -37,8 +37,8 @@ def charts(at: AppTest) -> dict[str, pd.DataFrame]:
 def test_the_sweep_view_opens_on_its_defaults_with_nothing_run(tiny_env: Path) -> None:  # noqa: F811
     at = open_sweep()
     assert at.text_input(key="sweep_rates").value == "auto"
-    assert at.number_input(key="sweep_requests").value == 32
-    assert (at.number_input(key="sweep_ttft").value, at.number_input(key="sweep_tpot").value) == (500, 100)
+    assert at.number_input(key="sweep_requests").value == 48
+    assert (at.number_input(key="sweep_ttft").value, at.number_input(key="sweep_tpot").value) == (200, 100)
     assert at.selectbox(key="sweep_mix").value == "seed-lab"
     assert not button(at, "Run sweep").disabled and button(at, "Stop").disabled
     assert not at.get("vega_lite_chart") and "sweep_run" not in at.session_state
@@ -72,7 +72,7 @@ def test_a_sweep_of_the_queue_runs_every_rate_on_both_lanes_and_draws_the_headli
         ("static", 500.0, 6),
     ]
     (headline,) = [element.value for element in at.success]
-    assert headline.startswith("At TTFT p90 ≤ 500 ms and TPOT p90 ≤ 100 ms, ")
+    assert headline.startswith("At TTFT p90 ≤ 200 ms and TPOT p90 ≤ 100 ms, ")
     drawn = charts(at)
     assert set(drawn) == {
         "TTFT (p50, p90, p99) against the request rate",

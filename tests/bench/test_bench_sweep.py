@@ -48,7 +48,7 @@ def test_the_in_process_sweep_prints_every_point_and_writes_the_json_and_the_plo
         ("static", 1000.0, 6, cycled),
     ]
     assert set(result["goodput"]) == {"continuous", "static"}
-    assert result["headline"].startswith("At TTFT p90 ≤ 500 ms and TPOT p90 ≤ 100 ms, ")
+    assert result["headline"].startswith("At TTFT p90 ≤ 200 ms and TPOT p90 ≤ 100 ms, ")
     assert result["engine"]["step_detail"] is False and result["engine"]["compile_steps"] is False
     assert set(result["steps"].values()) == {"eager steps"}
     assert result["lane_clock"] == "cpu" and "in-process race per rate, cpu clocks" in printed

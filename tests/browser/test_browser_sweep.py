@@ -40,7 +40,7 @@ def test_a_sweep_runs_with_a_progress_bar_and_ends_with_its_headline_charts_and_
     page.wait_for_selector(IDLE)
     headline = main.get_by_test_id("stAlertContentSuccess")
     assert headline.count() == 1
-    assert headline.inner_text().startswith("At TTFT p90 ≤ 500 ms and TPOT p90 ≤ 100 ms, ")
+    assert headline.inner_text().startswith("At TTFT p90 ≤ 200 ms and TPOT p90 ≤ 100 ms, ")
     assert main.get_by_test_id("stVegaLiteChart").count() == 5
     assert main.get_by_text("Knees · continuous:").count() == 1
     assert main.get_by_test_id("stDataFrame").count() == 1

@@ -30,9 +30,9 @@ def test_rates_are_parsed_sorted_and_deduplicated() -> None:
     assert parse_rates(" Auto ") == () and format_rates(()) == "auto"  # picked for the machine
 
 
-def test_auto_rates_span_a_quarter_of_the_lower_capacity_to_twice_the_higher_in_even_log_steps() -> None:
+def test_auto_rates_span_from_below_the_lower_capacity_to_far_above_the_higher_in_even_log_steps() -> None:
     rates = auto_rates(static_capacity=8.0, continuous_capacity=20.0)
-    assert rates == (2.0, 2.8, 3.9, 5.4, 7.6, 11.0, 15.0, 21.0, 29.0, 40.0)
+    assert rates == (3.2, 4.6, 6.5, 9.4, 13.0, 19.0, 27.0, 39.0, 56.0, 80.0)  # 0.4 x 8 to 4 x 20
     with pytest.raises(ValueError, match="served nothing"):
         auto_rates(float("nan"), 0.0)
 
