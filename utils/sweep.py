@@ -195,34 +195,46 @@ def record_point(series: str, rate: float, record: RunRecord, slo: Slo, sent: in
 # --- goodput and knees ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Goodput:
-    """The load a series sustains: the highest swept rate up to which every rate met the attainment goal.
+    """The load a series sustains (DistServe's goodput): the highest rate at which `ATTAINMENT_GOAL` of its requests
+    met the target, every lower rate too.
 
-    `rate` is None when even the lowest rate missed it; `whole_sweep` says every rate met it (the rate is then a
-    lower bound: the series may sustain more than the sweep asked of it).
+    `swept` is the highest swept rate that met it; `rate` is where attainment crosses the goal between it and the
+    next swept rate (which missed), read off the straight line between the two on the chart's log-rate axis: one
+    request more or less meeting the target near the goal then moves the figure by a fraction of the gap between
+    two rates, not by the whole gap. Both are None when even the lowest rate missed; `whole_sweep` says every rate
+    met it (the rate is then a lower bound: the series may sustain more than the sweep asked of it).
     """
 
     series: str
     rate: float | None
+    swept: float | None
     lowest: float
     highest: float
 
     @property
     def whole_sweep(self) -> bool:
-        return self.rate is not None and self.rate >= self.highest
+        return self.swept is not None and self.swept >= self.highest
 
 
 def goodput(points: Iterable[SweepPoint], series: str, goal: float = ATTAINMENT_GOAL) -> Goodput:
-    """The highest rate whose attainment is at least `goal`, every lower rate of the sweep meeting it too (a
-    noisy pass above a rate that missed is not load the series sustains)."""
+    """The rate up to which `series` met `goal` (see `Goodput`): a noisy pass above a rate that missed is not load
+    the series sustains."""
     ordered = sorted((point for point in points if point.series == series), key=lambda point: point.rate)
     if not ordered:
         raise ValueError(f"no sweep point of {series!r}")
-    sustained = None
-    for point in ordered:
-        if not point.attainment >= goal:
-            break
-        sustained = point.rate
-    return Goodput(series, sustained, ordered[0].rate, ordered[-1].rate)
+    met = 0
+    while met < len(ordered) and ordered[met].attainment >= goal:
+        met += 1
+    lowest, highest = ordered[0].rate, ordered[-1].rate
+    if met == 0:
+        return Goodput(series, None, None, lowest, highest)
+    last = ordered[met - 1]
+    if met == len(ordered):
+        return Goodput(series, last.rate, last.rate, lowest, highest)
+    miss = ordered[met]
+    share = (last.attainment - goal) / (last.attainment - miss.attainment)
+    crossing = math.exp(math.log(last.rate) + share * (math.log(miss.rate) - math.log(last.rate)))
+    return Goodput(series, crossing, last.rate, lowest, highest)
 
 
 def knee(rates: Sequence[float], values: Sequence[float], saturating: bool = False) -> float | None:

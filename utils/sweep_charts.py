@@ -28,7 +28,7 @@ CAPTIONS = {
     ),
     "attainment": (
         "The share of requests whose TTFT and TPOT both met the target. Goodput (DistServe's) is the highest rate "
-        "at which 90% did (the dashed line), every lower rate too."
+        "at which 90% did (the dashed line), every lower rate too: the ring, where the line crosses it."
     ),
 }
 KNEE = "knee"
@@ -178,14 +178,18 @@ def throughput_chart(points: pd.DataFrame, knees: Mapping[tuple[str, str], float
     return alt.layer(lines, ringed).properties(title="Output tokens/s against the request rate", height=300)
 
 
-def goodput_frame(points: pd.DataFrame, goodputs: Mapping[str, Goodput]) -> pd.DataFrame:
+def goodput_frame(points: pd.DataFrame, goodputs: Mapping[str, Goodput], goal: float = ATTAINMENT_GOAL) -> pd.DataFrame:
+    """Each series' goodput as a point to ring: where its attainment crosses the goal, or its highest rate when
+    every rate met it."""
     rows = []
     for series, found in goodputs.items():
-        match = points[(points["series"] == series) & (points["rate"] == found.rate)]
-        if found.rate is not None and len(match):
-            rows.append(
-                {"series": series, "rate": found.rate, "value": float(match["attainment"].iloc[0]), "what": "goodput"}
-            )
+        if found.rate is None:
+            continue
+        value = goal
+        if found.whole_sweep:
+            match = points[(points["series"] == series) & (points["rate"] == found.rate)]
+            value = float(match["attainment"].iloc[0])
+        rows.append({"series": series, "rate": found.rate, "value": value, "what": "goodput"})
     return pd.DataFrame(rows, columns=["series", "rate", "value", "what"])
 
 
@@ -216,7 +220,7 @@ def attainment_chart(
             ],
         )
     )
-    ringed = _knee_layer(goodput_frame(points, goodputs), colour, x)
+    ringed = _knee_layer(goodput_frame(points, goodputs, goal), colour, x)
     layers = [lines, ringed, _rule(goal, f"goal {goal:.0%}", below=True)]
     return alt.layer(*layers).properties(title="SLO attainment against the request rate", height=300)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
@@ -219,7 +219,7 @@ def table_section(sweep: LiveSweep, setup: dict) -> None:
         "rates": list(sweep.spec.rates),
         "capacities": sweep.capacities,
         "points": [point.as_dict() for point in sweep.points],
-        "goodput": {name: {"rate": each.rate, "whole_sweep": each.whole_sweep} for name, each in found.items()},
+        "goodput": {name: asdict(each) | {"whole_sweep": each.whole_sweep} for name, each in found.items()},
         "headline": headline(found["continuous"], found["static"], sweep.slo),
         "completed": sweep.completed,
     }

@@ -354,9 +354,13 @@ def goodput_lines(found: dict[str, Goodput], slo: Slo) -> list[str]:
     for series, each in found.items():
         if each.rate is None:
             lines.append(f"goodput {series}: below {each.lowest:g} requests/s (no rate met {slo.words()} for 90%)")
+        elif each.whole_sweep:
+            lines.append(f"goodput {series}: at least {each.rate:g} requests/s (every rate swept met the target)")
         else:
-            more = " (every rate swept: at least)" if each.whole_sweep else ""
-            lines.append(f"goodput {series}: {each.rate:g} requests/s{more}")
+            lines.append(
+                f"goodput {series}: {each.rate:.3g} requests/s (90% met the target up to {each.swept:g} requests/s, "
+                "crossing before the next rate)"
+            )
     return lines
 
 

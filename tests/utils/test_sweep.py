@@ -145,17 +145,25 @@ def point(series: str, rate: float, good: int, requests: int = 10, ttft: float =
 def test_goodput_is_the_highest_rate_up_to_which_every_rate_met_the_goal() -> None:
     points = [point("continuous", r, g) for r, g in [(1, 10), (2, 9), (4, 9), (8, 8), (16, 2)]]
     found = goodput(points, "continuous")
-    assert found.rate == 4 and not found.whole_sweep  # 8/s: 80% < 90%
+    assert found.swept == 4 and found.rate == 4 and not found.whole_sweep  # 4/s: exactly 90%; 8/s: 80%
+
+
+def test_goodput_is_where_attainment_crosses_the_goal_on_the_log_rate_axis_between_two_rates() -> None:
+    points = [point("static", r, g, requests=20) for r, g in [(2, 20), (4, 19), (8, 15), (16, 3)]]
+    found = goodput(points, "static")
+    assert found.swept == 4  # 95% at 4/s, 75% at 8/s: the 90% crossing is a quarter of the way, in log rate
+    assert found.rate == pytest.approx(4 * 2**0.25)
 
 
 def test_a_noisy_pass_above_a_miss_is_not_load_sustained() -> None:
     points = [point("static", r, g) for r, g in [(1, 10), (2, 8), (4, 9), (8, 1)]]
-    assert goodput(points, "static").rate == 1
+    found = goodput(points, "static")
+    assert found.swept == 1 and found.rate == pytest.approx(2**0.5)  # 100% -> 80%: halfway, never past 2/s
 
 
 def test_goodput_is_none_below_the_lowest_rate_and_a_lower_bound_when_every_rate_met() -> None:
     low = goodput([point("static", r, 5) for r in (2, 4)], "static")
-    assert low.rate is None and low.lowest == 2
+    assert low.rate is None and low.swept is None and low.lowest == 2
     high = goodput([point("continuous", r, 10) for r in (2, 4)], "continuous")
     assert high.rate == 4 and high.whole_sweep
 
@@ -185,29 +193,35 @@ def test_knees_are_found_for_each_series_and_column() -> None:
 
 
 def test_the_headline_says_what_each_schedule_sustains_and_the_ratio() -> None:
-    continuous, static = Goodput("continuous", 24.0, 2.0, 64.0), Goodput("static", 6.0, 2.0, 64.0)
+    continuous, static = Goodput("continuous", 24.0, 24.0, 2.0, 64.0), Goodput("static", 6.0, 6.0, 2.0, 64.0)
     assert headline(continuous, static, SLO) == (
         "At TTFT p90 ≤ 500 ms and TPOT p90 ≤ 100 ms, continuous sustains 24 requests/s, static 6 — 4.0× the load."
     )
     assert goodput_ratio(continuous, static) == 4.0
+    between = headline(Goodput("continuous", 104.2, 100, 12, 290), Goodput("static", 23.4, 17, 12, 290), SLO)
+    assert between.endswith("continuous sustains 104 requests/s, static 23.4 — 4.5× the load.")
 
 
 def test_the_headline_says_at_least_when_continuous_met_the_target_at_every_rate() -> None:
-    text = headline(Goodput("continuous", 64.0, 2.0, 64.0), Goodput("static", 8.0, 2.0, 64.0), Slo(1.0, 0.05))
+    text = headline(
+        Goodput("continuous", 64.0, 64.0, 2.0, 64.0), Goodput("static", 8.0, 8.0, 2.0, 64.0), Slo(1.0, 0.05)
+    )
     assert "TTFT p90 ≤ 1 s and TPOT p90 ≤ 50 ms" in text
     assert "continuous sustains at least 64 requests/s, static 8 — at least 8.0× the load." in text
 
 
 def test_the_headline_when_static_never_met_the_target_bounds_the_ratio_from_below() -> None:
-    text = headline(Goodput("continuous", 12.0, 2.0, 32.0), Goodput("static", None, 2.0, 32.0), SLO)
+    text = headline(Goodput("continuous", 12.0, 12.0, 2.0, 32.0), Goodput("static", None, None, 2.0, 32.0), SLO)
     assert "static met it at no rate swept (not even 2 requests/s) — over 6.0× the load." in text
-    assert math.isnan(goodput_ratio(Goodput("continuous", 12.0, 2.0, 32.0), Goodput("static", None, 2.0, 32.0)))
+    assert math.isnan(
+        goodput_ratio(Goodput("continuous", 12.0, 12.0, 2.0, 32.0), Goodput("static", None, None, 2.0, 32.0))
+    )
 
 
 def test_the_headline_when_neither_or_both_always_met_it_says_what_to_change() -> None:
-    neither = headline(Goodput("continuous", None, 2, 8), Goodput("static", None, 2, 8), SLO)
+    neither = headline(Goodput("continuous", None, None, 2, 8), Goodput("static", None, None, 2, 8), SLO)
     assert "neither schedule met the target" in neither and "lower rates or a looser target" in neither
-    both = headline(Goodput("continuous", 8, 2, 8), Goodput("static", 8, 2, 8), SLO)
+    both = headline(Goodput("continuous", 8, 8, 2, 8), Goodput("static", 8, 8, 2, 8), SLO)
     assert "both schedules met the target at every rate swept" in both and "add higher rates" in both
 
 
