@@ -196,13 +196,13 @@ def record_point(series: str, rate: float, record: RunRecord, slo: Slo, sent: in
 @dataclass(frozen=True)
 class Goodput:
     """The load a series sustains (DistServe's goodput): the highest rate at which `ATTAINMENT_GOAL` of its requests
-    met the target, every lower rate too.
+    met the target.
 
     `swept` is the highest swept rate that met it; `rate` is where attainment crosses the goal between it and the
     next swept rate (which missed), read off the straight line between the two on the chart's log-rate axis: one
     request more or less meeting the target near the goal then moves the figure by a fraction of the gap between
-    two rates, not by the whole gap. Both are None when even the lowest rate missed; `whole_sweep` says every rate
-    met it (the rate is then a lower bound: the series may sustain more than the sweep asked of it).
+    two rates, not by the whole gap. Both are None when no rate met it; `whole_sweep` says the highest rate met it
+    (the rate is then a lower bound: the series may sustain more than the sweep asked of it).
     """
 
     series: str
@@ -217,14 +217,15 @@ class Goodput:
 
 
 def goodput(points: Iterable[SweepPoint], series: str, goal: float = ATTAINMENT_GOAL) -> Goodput:
-    """The rate up to which `series` met `goal` (see `Goodput`): a noisy pass above a rate that missed is not load
-    the series sustains."""
+    """The highest rate at which `series` met `goal` (see `Goodput`). A rate below it that missed by a request or
+    two does not lower it: static batching's first-token waits at light load sit near a tight target (a request
+    arriving during a wave waits for its longest member), and one request more over it at the lowest rate would
+    otherwise say static sustains nothing."""
     ordered = sorted((point for point in points if point.series == series), key=lambda point: point.rate)
     if not ordered:
         raise ValueError(f"no sweep point of {series!r}")
-    met = 0
-    while met < len(ordered) and ordered[met].attainment >= goal:
-        met += 1
+    passed = [index for index, point in enumerate(ordered) if point.attainment >= goal]
+    met = passed[-1] + 1 if passed else 0
     lowest, highest = ordered[0].rate, ordered[-1].rate
     if met == 0:
         return Goodput(series, None, None, lowest, highest)

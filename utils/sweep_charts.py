@@ -28,7 +28,7 @@ CAPTIONS = {
     ),
     "attainment": (
         "The share of requests whose TTFT and TPOT both met the target. Goodput (DistServe's) is the highest rate "
-        "at which 90% did (the dashed line), every lower rate too: the ring, where the line crosses it."
+        "at which 90% did (the dashed line): the ring, where the line last crosses it."
     ),
 }
 KNEE = "knee"

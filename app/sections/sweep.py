@@ -33,7 +33,7 @@ TARGET_NOTE = (
     "A request meets the target when its time to first token (TTFT, from its arrival) and its time per output "
     "token after the first (TPOT) are both within bounds. The defaults: the answer starts within a fifth of a "
     "second, then streams at least 10 tokens a second, faster than anyone reads. A schedule sustains a rate when "
-    "90% of its requests meet the target there (and at every lower rate): its goodput, as DistServe defines it."
+    "90% of its requests meet the target there: the highest such rate is its goodput, as DistServe defines it."
 )
 CLOCKS = {
     "cpu": "Each lane's clock counted the engine thread's CPU time during its steps (the model runs on one CPU "

@@ -12,7 +12,7 @@ on the model folder and the same token ids arrive at each rate on the wall clock
 and timed as `vllm bench serve` times them (`batching.bench.sweep_client`).
 
 Prints one line per series and rate, each series' goodput (the highest rate at which 90% of requests met the
-target, every lower rate too) and the curves' knees, then the headline; `--json` writes every figure, `--plot` the
+target) and the curves' knees, then the headline; `--json` writes every figure, `--plot` the
 charts (PNG through vl-convert). Bad input is one line on stderr and exit code 2.
 """
 
