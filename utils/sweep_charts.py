@@ -209,8 +209,8 @@ def attainment_chart(
             y=alt.Y(
                 "attainment:Q",
                 title="requests meeting the target",
-                axis=alt.Axis(format="%"),
-                scale=alt.Scale(domain=[0, 1]),
+                axis=alt.Axis(format="%", values=[0, 0.25, 0.5, 0.75, 1]),
+                scale=alt.Scale(domain=[0, 1.06]),  # room above 100% for its points and rings (else the title clips)
             ),
             color=colour,
             tooltip=[

@@ -23,6 +23,7 @@ SIDEBAR_WIDGETS = [
     ("link", "Race: continuous vs static"),
     ("link", "Shared engine (everyone's requests)"),
     ("link", "Remote server"),
+    ("link", "Load sweep"),
     ("slider", "Slow motion (pause between steps, ms)"),
     ("slider", "Batch size (slots)"),
     ("combobox", "Scheduling policy"),

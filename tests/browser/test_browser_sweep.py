@@ -47,4 +47,7 @@ def test_a_sweep_runs_with_a_progress_bar_and_ends_with_its_headline_charts_and_
     assert main.get_by_role("button", name="Run sweep").is_enabled()
     page.set_viewport_size({"width": 1440, "height": 2400})  # the page scrolls inside stMain: make it all visible
     page.wait_for_timeout(1000)
-    main.screenshot(path=screenshot or str(tmp_path / "sweep.png"))
+    top = main.get_by_text("2 · The sweep").bounding_box()  # from the bar to the table: the headline and charts
+    bottom = main.get_by_text("3 · Every point").bounding_box()
+    clip = {"x": 300, "y": top["y"] - 10, "width": 1140, "height": bottom["y"] - top["y"]}
+    page.screenshot(path=screenshot or str(tmp_path / "sweep.png"), clip=clip)
