@@ -216,7 +216,8 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
         raise BenchError(str(exc)) from None
     prompt_ids, caps = [], []
     for index, item in enumerate(workload.requests):
-        text = item.prompt if args.raw_prompts else format_prompt(item.prompt, *_template(settings))
+        raw = args.raw_prompts or workload.raw_prompts
+        text = item.prompt if raw else format_prompt(item.prompt, *_template(settings))
         cap = item.max_new_tokens or default_cap
         try:
             request = builder.build(text, RequestParams(cap))

@@ -1,4 +1,8 @@
-"""Reference workloads (in `reference_workloads/` beside this file), and loading a workload from a JSON or CSV file."""
+"""Reference workloads (in `reference_workloads/` beside this file), and loading a workload from a JSON or CSV file.
+
+`share-nothing.json` is `share_nothing_workload()` as `workload_json` writes it (a test keeps the two equal; the
+command that writes it is in docs/benchmarks.md).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from batching.arrivals import Schedule
 
 WORKLOAD_DIR = Path(__file__).resolve().parent / "reference_workloads"
 RANDOM_NAME = "random"
+SHARE_NOTHING_NAME = "share-nothing"
 DISTRIBUTIONS = ("uniform", "exponential", "lognormal")
 # The vocabulary of random prompts: shop words, so the embedded model sees familiar tokens.
 _WORDS = tuple(
@@ -40,6 +45,9 @@ class Workload:
     requests: tuple[WorkloadRequest, ...]
     batch_size: int = 8
     source: str = ""
+    # Prompts sent as they are, without the Q/A template (whose system prompt every prompt would share): the
+    # benchmark's `--raw-prompts` for this workload alone.
+    raw_prompts: bool = False
 
     def schedule(self, rate_per_s: float | None = None, seed: int = 0) -> Schedule:
         """Poisson when a rate is given; else the requests' `arrival_step`s, else their `arrival_s`, else at once.
@@ -126,12 +134,27 @@ def _from_json(path: Path) -> Workload:
     batch_size = meta.get("batch_size", 8)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"workload file {path}: batch_size={batch_size!r} must be a whole number >= 1")
+    raw_prompts = meta.get("raw_prompts", False)
+    if not isinstance(raw_prompts, bool):
+        raise ValueError(f"workload file {path}: raw_prompts={raw_prompts!r} must be true or false")
     return Workload(
         name=str(meta.get("name", path.stem)),
         requests=requests,
         batch_size=batch_size,
         source=str(meta.get("source", "")),
+        raw_prompts=raw_prompts,
     )
+
+
+def workload_json(workload: Workload) -> dict:
+    """A workload as its JSON file holds it (what `load_workload` reads back)."""
+    requests = [
+        {key: value for key, value in vars(request).items() if value is not None} for request in workload.requests
+    ]
+    data: dict = {"name": workload.name, "batch_size": workload.batch_size, "source": workload.source}
+    if workload.raw_prompts:
+        data["raw_prompts"] = True
+    return {**data, "requests": requests}
 
 
 def _from_csv(path: Path) -> Workload:
@@ -200,14 +223,53 @@ def random_workload(
         raise ValueError(f"requests={requests} is not allowed: must be >= 1")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} is not allowed: must be >= 1")
+    items = _random_requests(requests, prompt_words, max_new_tokens, seed)
+    return Workload(
+        name=RANDOM_NAME,
+        requests=items,
+        batch_size=batch_size,
+        source=f"seeded synthetic (seed {seed}): {_described(requests, prompt_words, max_new_tokens)}",
+    )
+
+
+def share_nothing_workload(
+    requests: int = 32,
+    prompt_words: LengthRange = LengthRange(22, 350, "lognormal"),
+    max_new_tokens: LengthRange = LengthRange(16, 256, "lognormal"),
+    batch_size: int = 8,
+    seed: int = 0,
+) -> Workload:
+    """Prompts that share no prefix, sent without the template, so prefix caching cannot hide prefill (seed-lab's
+    prompts are equal, seed-blog's one growing history, and every templated prompt starts with the system prompt).
+    Lengths and caps are drawn as a chat trace's are, lognormal: prompts of about 30 to 480 tokens of the embedded
+    model (1.37 a word), most near 120; caps of 16 to 256, most near 64. Seeded: same seed, same list."""
+    if requests < 1:
+        raise ValueError(f"requests={requests} is not allowed: must be >= 1")
+    return Workload(
+        name=SHARE_NOTHING_NAME,
+        requests=_random_requests(requests, prompt_words, max_new_tokens, seed),
+        batch_size=batch_size,
+        source=f"prompts sharing no prefix, untemplated (seed {seed}): "
+        f"{_described(requests, prompt_words, max_new_tokens)}",
+        raw_prompts=True,
+    )
+
+
+def _random_requests(
+    requests: int, prompt_words: LengthRange, max_new_tokens: LengthRange, seed: int
+) -> tuple[WorkloadRequest, ...]:
+    """Prompts of random shop words, caps from a length distribution, drawn in turn from one seeded generator."""
     rng = random.Random(seed)
     items = []
     for _ in range(requests):
         words = [rng.choice(_WORDS) for _ in range(prompt_words.draw(rng))]
         prompt = " ".join(words).capitalize() + "?"
         items.append(WorkloadRequest(prompt=prompt, max_new_tokens=max_new_tokens.draw(rng)))
-    source = (
-        f"seeded synthetic (seed {seed}): {requests} requests, prompt words {prompt_words.low}:{prompt_words.high} "
-        f"{prompt_words.distribution}, caps {max_new_tokens.low}:{max_new_tokens.high} {max_new_tokens.distribution}"
+    return tuple(items)
+
+
+def _described(requests: int, prompt_words: LengthRange, max_new_tokens: LengthRange) -> str:
+    return (
+        f"{requests} requests, prompt words {prompt_words.low}:{prompt_words.high} {prompt_words.distribution}, "
+        f"caps {max_new_tokens.low}:{max_new_tokens.high} {max_new_tokens.distribution}"
     )
-    return Workload(name=RANDOM_NAME, requests=tuple(items), batch_size=batch_size, source=source)

@@ -212,6 +212,20 @@ def test_poisson_arrivals_are_the_same_for_the_same_seed(tiny_model_dirs: dict[s
     assert arrivals[0][-1] > 0
 
 
+def test_a_workload_of_raw_prompts_is_sent_untemplated_as_raw_prompts_sends_any(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    rows = [{"prompt": "Hello there", "max_new_tokens": 2}, {"prompt": "Track my parcel", "max_new_tokens": 2}]
+    prompt_ids = []
+    for name, raw, flags in (("raw", True, []), ("templated", False, ["--raw-prompts"])):
+        path, out = tmp_path / f"{name}.json", tmp_path / f"{name}-out.json"
+        path.write_text(json.dumps({"raw_prompts": raw, "requests": rows}))
+        argv = ["--workload", str(path), "--modes", "continuous", "--model", str(tiny_model_dirs["llama"])]
+        assert _run([*argv, *flags, "--ignore-eos", "--json", str(out)]) == 0
+        prompt_ids.append([r["prompt_ids"] for r in json.loads(out.read_text())["modes"]["continuous"]["requests"]])
+    assert prompt_ids[0] == prompt_ids[1]
+
+
 def test_uncapped_requests_get_the_default_cap(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
     path = tmp_path / "uncapped.json"
     path.write_text(json.dumps([{"prompt": "How do I track my order?"}, {"prompt": "Hello", "max_new_tokens": 2}]))

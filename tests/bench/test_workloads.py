@@ -7,14 +7,21 @@ import random
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from batching.bench.workloads import (
     RANDOM_NAME,
+    SHARE_NOTHING_NAME,
+    WORKLOAD_DIR,
     LengthRange,
     builtin_workload_names,
     load_workload,
     random_workload,
+    share_nothing_workload,
+    workload_json,
 )
+from batching.engine.blocks import DEFAULT_BLOCK_SIZE
+from tests.helpers import ROOT
 
 
 def test_every_shipped_workload_loads_with_its_batch_size() -> None:
@@ -65,6 +72,7 @@ def test_a_csv_file_loads_with_optional_arrival_times(tmp_path: Path) -> None:
         ("zero.csv", "prompt,max_new_tokens\nhi,0\n", "must be >= 1"),
         ("header.csv", "text\nhi\n", "'prompt' column"),
         ("notes.txt", "hello", "use a .json or .csv file"),
+        ("raw.json", '{"raw_prompts": "yes", "requests": [{"prompt": "a"}]}', "must be true or false"),
     ],
 )
 def test_a_bad_file_is_one_clear_value_error(tmp_path: Path, name: str, content: str, message: str) -> None:
@@ -109,3 +117,18 @@ def test_a_length_range_parses_low_high_or_one_number() -> None:
             LengthRange.parse(bad)
     with pytest.raises(ValueError, match="distribution"):
         LengthRange(1, 2, "gaussian")
+
+
+def test_share_nothing_ships_as_its_generator_makes_it_untemplated_with_no_two_prompts_sharing_a_block() -> None:
+    workload = load_workload(SHARE_NOTHING_NAME)
+    assert workload == share_nothing_workload() and workload.raw_prompts
+    assert json.loads((WORKLOAD_DIR / f"{SHARE_NOTHING_NAME}.json").read_text()) == workload_json(workload)
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "model" / "builtin")
+    prompts = [tokenizer(request.prompt)["input_ids"] for request in workload.requests]
+    # Prefix caching shares whole blocks from a prompt's start: different first blocks, nothing to share.
+    assert len({tuple(ids[:DEFAULT_BLOCK_SIZE]) for ids in prompts}) == len(prompts) == 32
+    # A chat trace's lengths: dozens to hundreds of tokens, most near the low end; caps likewise.
+    lengths = sorted(len(ids) for ids in prompts)
+    assert lengths[0] >= 30 and lengths[-1] <= 480 and 80 <= lengths[16] <= 200
+    caps = sorted(request.max_new_tokens or 0 for request in workload.requests)
+    assert caps[0] >= 16 and caps[-1] <= 256 and 32 <= caps[16] <= 100
