@@ -14,7 +14,7 @@ import pytest
 from tests.browser.helpers import BROWSER_MARKS, IDLE, add_prompt, new_page, use_shared_engine
 
 pytestmark = BROWSER_MARKS
-GRID = 6  # the token grid's place among the page's charts: after 3 charts x (continuous, static)
+GRID = 10  # the token grid's place among the page's charts: after 5 charts x (continuous, static)
 STREAMING_IN_A_SLOT = """() => {
     const main = document.querySelector("[data-testid='stMain']");
     const texts = [...document.querySelectorAll("[data-testid='stText']")];
@@ -95,8 +95,9 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
     page.wait_for_selector(IDLE)
     assert page.get_by_test_id("stText").filter(has_text="▌").count() == 0
     assert page.get_by_text("finished · 12 of 12 done").count() == 1
-    # 3 charts x (continuous, static), the token grid, the picked step's attention mask
-    assert page.get_by_test_id("stVegaLiteChart").count() == 8
+    # 5 charts (occupancy, latency, timeline, wait strip, inter-token gaps) x (continuous, static), the token grid,
+    # the picked step's attention mask
+    assert page.get_by_test_id("stVegaLiteChart").count() == 12
     texts = page.get_by_test_id("stText").all_inner_texts()
     assert len(texts) == 12 and sum(1 for text in texts if text.strip()) >= 11
     assert page.get_by_test_id("stMain").get_by_role("button", name="Everything (JSON)").count() == 1
