@@ -29,6 +29,7 @@ RACE_NOTES = (
     "Continuous lane: a finished request frees its slot and a waiting one joins on the next step.",
     "Static lane: waves of the batch size; each wave waits for its longest member.",
 )
+DRAWN_AT_THE_END = "Drawn when the run is over."
 SWITCHED_OFF = "The comparison is switched off (sidebar)."
 NO_COMPARISON = "No comparison: the run was stopped or some prompts did not finish."
 REMOTE_LIVE = "Live: your run, drawn as it happens."
@@ -109,7 +110,9 @@ def draw_charts(
     owns: Owns | None,
     x_max: dict | None = None,
 ) -> None:
-    """One run's charts into its column (0 continuous, 1 static); `x_max` shares axes between the two."""
+    """One run's charts into its column (0 continuous, 1 static); `x_max` shares axes between the two. The wait strip
+    and the inter-token gaps (a cell per request and step) once the run is over, so the page's redraws during a run
+    stay as light as before."""
     x_max = x_max or {}
     occupancy = charts.occupancy_chart(charts.occupancy_frame(record, owns), run.slots, x_max=x_max.get("steps"))
     labels = run.labels()
@@ -121,6 +124,10 @@ def draw_charts(
     layout.slots["timeline"][column].altair_chart(
         charts.timeline_chart(timeline, run.slots, x_max=x_max.get("seconds")), width="stretch"
     )
+    if not run.done:
+        for name in ("waiting", "interference"):
+            layout.slots[name][column].caption(DRAWN_AT_THE_END)
+        return
     layout.slots["waiting"][column].altair_chart(wait_strip_chart(wait_strip_frame(record, labels)), width="stretch")
     gaps, prompts = interference_frame(record, labels)
     layout.slots["interference"][column].altair_chart(
