@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from batching.engine.batcher import Batcher
-from batching.engine.events import StepEvent, TokenEvent
+from batching.engine.events import RowKind, StepEvent, TokenEvent
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from config.settings import ModelSettings, load_settings
@@ -50,8 +50,7 @@ def measure(loaded: LoadedModel, budget: int, prompt_tokens: int) -> dict:
     assert joined is not None
     long_id = joined.request_id
     steps = [e for e in events if isinstance(e, StepEvent)]
-    prompt_steps = [s for s in steps if any(row.request_id == long_id and row.tokens for row in s.rows)]
-    prompt_steps = [s for s in prompt_steps if s.prefill_tokens]
+    prompt_steps = [s for s in steps if any(r.request_id == long_id and r.kind is RowKind.PREFILL for r in s.rows)]
     last: dict[str, float] = {}
     gaps, stalled = [], []
     windows = [(s.start, s.end) for s in prompt_steps]

@@ -181,9 +181,7 @@ class EngineClient:
         pause_s: float = 0.0,
         cpu_clock: bool = False,
     ) -> RaceHandle:
-        """Race (prompt, params, request id) items on a continuous and a static lane of your own, arriving on
-        `schedule` on each lane's clock (`cpu_clock`: CPU time where that is a step's whole work); raises ValueError
-        for bad input (nothing is started then)."""
+        """A race of your own in the engine process (`PrivateRuns.start_race`)."""
         return self.private.start_race(options, items, schedule, pause_s, cpu_clock)
 
     # --- the reaper ------------------------------------------------------------------------------------------
