@@ -273,7 +273,8 @@ def test_steps_kind_says_which_steps_ran_compiled() -> None:
         record = RunRecord("continuous", start=0.0)
         for index, (prefill, compiled) in enumerate(steps):
             decode = 0 if prefill > 8 else 1
-            record.add(StepEvent(index, index, index + 1, ("a",), prefill, decode, compiled=compiled))
+            path = "direct" if compiled else "eager"
+            record.add(StepEvent(index, index, index + 1, ("a",), prefill, decode, path=path))
         return record
 
     assert steps_kind(run((9, False), (0, False), (0, False))) == "eager steps"
