@@ -285,3 +285,10 @@ def test_steps_kind_says_which_steps_ran_compiled() -> None:
         == "compiled decode steps, 1 of 2 prompt steps compiled"
     )
     assert steps_kind(run((9, False), (4, True), (0, False))) == "eager decode steps, 1 of 2 prompt steps compiled"
+
+
+def test_the_summary_counts_steps_by_how_they_ran() -> None:
+    record = RunRecord("compiled", start=0.0)
+    for index, path in enumerate(["eager", "compiled", "compiled", "direct"]):
+        record.add(StepEvent(index, index, index + 1, ("a",), 0, 1, path=path))
+    assert summarize(record).as_dict()["steps_by_path"] == {"eager": 1, "compiled": 2, "direct": 1}
