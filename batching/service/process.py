@@ -9,6 +9,7 @@ between rounds, waits on the pipe when every batcher is idle, and exits when the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -20,7 +21,7 @@ import torch
 
 import batching.engine.paged_decode as paged_decode
 from batching.engine.batcher import Batcher
-from batching.engine.compiled import pause_compiles, use_compile_cache
+from batching.engine.compiled import StepCompiler, pause_compiles, use_compile_cache
 from batching.engine.geometry import PoolGeometry
 from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
 from batching.engine.options import BatcherOptions
@@ -144,7 +145,7 @@ def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str
     for compiler in (runner.compiler, runner.mixed_compiler):
         if compiler is not None:
             what = f"the graph of {compiler.what}s of {compiler.capacity} rows"
-            parts.append((what, lambda compiler=compiler: compiler.compile_now() is not None))
+            parts.append((what, functools.partial(_made, compiler)))
     started = time.perf_counter()
     for number, (what, make) in enumerate(parts, 1):
         bar = "#" * (number - 1) + "." * (len(parts) - number + 1)
@@ -155,3 +156,8 @@ def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str
         say(f"compiled  [{'#' * number}{'.' * (len(parts) - number)}] {number}/{len(parts)}: {what} {outcome}")
     if parts:
         say(f"compiled steps ready in {time.perf_counter() - started:.1f} s")
+
+
+def _made(compiler: StepCompiler) -> bool:
+    """Make the graph now; whether it could be."""
+    return compiler.compile_now() is not None
