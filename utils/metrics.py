@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 import pandas as pd
 
-from batching.engine.events import WaitReason
+from batching.engine.events import StepPath, WaitReason
 from batching.runs import RunRecord
 
 # A column per wait reason in the steps table and exports: "wait_no_slot", "wait_token_budget", ...
@@ -207,6 +208,7 @@ class RunSummary:
     e2e_p50: float
     e2e_p99: float
     waiting: dict[str, int]  # request-steps spent waiting, by reason
+    paths: dict[str, int]  # steps by how they ran: eager, compiled (through torch.compile's entry), direct
 
     def as_dict(self) -> dict:
         return {
@@ -219,6 +221,7 @@ class RunSummary:
             "tpot_s": {"p50": self.tpot_p50, "p99": self.tpot_p99},
             "e2e_s": {"p50": self.e2e_p50, "p99": self.e2e_p99},
             "waiting_request_steps": dict(self.waiting),
+            "steps_by_path": dict(self.paths),
         }
 
 
@@ -245,4 +248,5 @@ def summarize(run: RunRecord) -> RunSummary:
         e2e_p50=percentile(e2e, 50),
         e2e_p99=percentile(e2e, 99),
         waiting=wait_reason_counts(run),
+        paths={path: sum(step.path == path for step in run.steps) for path in get_args(StepPath)},
     )

@@ -139,7 +139,7 @@ def mode_report(run: ModeRun, plan: Plan, runs: Sequence[ModeRun]) -> dict:
             }
         )
     if not run.record.steps:  # the peer could not report its steps
-        summary["steps"] = summary["mean_occupancy"] = None
+        summary["steps"] = summary["mean_occupancy"] = summary["steps_by_path"] = None
     return {
         **summary,
         "policy": PEER_POLICIES.get(run.record.mode, plan.options.policy),

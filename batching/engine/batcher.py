@@ -216,7 +216,7 @@ class Batcher:
             rows=layout.rows,
             token_budget=self.options.max_batched_tokens,
             mask=self.runner.last_mask,  # None without step detail
-            compiled=self.runner.last_compiled,
+            path=self.runner.last_path,
             memory=self.memory_view(),
             waiting=layout.waiting,
         )

@@ -3,12 +3,18 @@
 A decode step (every row one new token) keeps its row count symbolic (one row is padded to two, as a size of 1
 would be specialised on), and its cached columns are rounded up to a multiple of `KV_STEP` and kept symbolic, so
 one graph with no graph breaks covers every decode step of a batcher, whatever its rows and history. The graph
-is made in a background thread on a scratch runner with its own cache; until it is ready, steps run eager, and for
-good once it fails to be made, or to be re-made when a later step's guards fail (that step reruns eager). The
-thread sleeps while `pause_compiles(True)` holds (the engine holds it whenever a batcher has work), so no step
-shares the cores with a compile. Steps with prompt chunks have a graph of their own (`StepKind` "mixed", see
-`runner`), used for the steps `fits_prompt_graph` admits. Once a graph's first calls agree with it, the runner
-calls it directly, without `torch.compile`'s entry (`direct_call`).
+is made in a background thread on a scratch runner with its own cache (or up front: `compile_now`, as the API server
+and the benchmark do); until it is ready, steps run eager, and for good once it fails to be made or fails at run
+time (that step reruns eager). The thread sleeps while `pause_compiles(True)` holds (the engine holds it whenever a
+batcher has work), so no step shares the interpreter with a compile. Steps with prompt chunks have a graph of their
+own (`StepKind` "mixed", see `runner`), used for the steps `fits_prompt_graph` admits. Once a graph's first calls
+agree with it, the runner calls it directly, without `torch.compile`'s entry (`direct_call`).
+
+A ready graph is never switched off, and no step ever compiles: steps call the graphs in dynamo's run-only mode
+(`StepCompiler.graphs_only`), which runs a step its guards admit through its graph, runs any other step as the
+model's own code, eager, and never takes dynamo's compile lock (which a compile in another thread, perhaps paused,
+holds for its whole length). A step no graph admitted (a guard miss) says it ran eager, and the graph is made again
+for that step's shape in the background (`StepCompiler.missed`, at most `MAX_REMAKES` times).
 """
 
 from __future__ import annotations
@@ -125,7 +131,6 @@ _THREAD_BASE = {
     threading.Thread._bootstrap.__code__,  # type: ignore[attr-defined]
     threading.Thread._bootstrap_inner.__code__,  # type: ignore[attr-defined]
 }
-_compiling: set[StepCompiler] = set()  # compilers whose background thread is at work (guarded by `_lock`)
 
 
 def _sleep_while_paused(frame: types.FrameType, event: str, arg: object) -> None:
@@ -143,12 +148,6 @@ def _sleep_while_paused(frame: types.FrameType, event: str, arg: object) -> None
             return
         caller = caller.f_back
     _compiles_may_run.wait()
-
-
-def background_compile_running() -> bool:
-    """Whether a compile thread is making a graph (perhaps paused) in this process."""
-    with _lock:
-        return any(not compiler.ready and not compiler.failed for compiler in _compiling)
 
 
 def default_cache_dir() -> Path:
@@ -197,6 +196,9 @@ def _run_model(model: PreTrainedModel, **inputs: Any) -> tuple[torch.Tensor, tor
 
 
 Warm = Callable[[Callable[..., object], Bucket], None]  # runs one step of a bucket through a compiled forward
+# How often one graph is made again after steps its guards refused (each a background compile, tens of seconds);
+# after that such steps stay eager, and the graph keeps running the steps it admits.
+MAX_REMAKES = 3
 
 
 def step_compiler(
@@ -264,8 +266,10 @@ class StepCompiler:
         self.column_step = max(KV_STEP, block_size)
         self.compile_s: float | None = None  # how long making the graph took, once made
         self.failed = False
+        self.remakes = 0  # background re-makes after guard misses (`missed`)
         self.direct = DirectPath()  # the graph called without torch.compile's entry (see `direct_call`)
         self._warm = warm
+        self._graphs_only: tuple[Callable[..., object], Callable[..., object]] | None = None  # (forward, its run-only)
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
@@ -291,15 +295,23 @@ class StepCompiler:
         return self._started or self._thread is not None
 
     def step(self) -> Callable[..., object] | None:
-        """The compiled forward when its graph is ready; else None (run eager) and the graph is made meanwhile.
-
-        Also None while another graph is being made: a compiled call that missed its guards would compile again,
-        and dynamo's one compile lock is held by the (perhaps paused) compile thread until its graph is made.
-        """
+        """The graphs, called without ever compiling (`graphs_only`), once ready; else None (run eager) and the graph
+        is made meanwhile. Whatever else is being compiled: a ready graph is never switched off."""
         if self._ready.is_set():
-            return None if background_compile_running() else self.forward
+            return self.graphs_only()
         self.start()
         return None
+
+    def graphs_only(self) -> Callable[..., object]:
+        """`forward` in dynamo's run-only mode (`torch._dynamo.run`): a call its graphs' guards admit runs a graph, any
+        other runs the model's own code, eager, instead of compiling inside the step (tens of seconds, every request
+        stalled, and waiting on dynamo's compile lock, which a compile in another thread holds). The runner tells the
+        two apart by whether a graph was called (`direct_call.watching_graph_calls`)."""
+        forward = self.forward
+        kept = self._graphs_only
+        if kept is None or kept[0] is not forward:
+            kept = self._graphs_only = (forward, torch._dynamo.run(forward))
+        return kept[1]
 
     def start(self) -> None:
         """Make the graph in a background thread (once; a failure leaves the steps eager for good)."""
@@ -307,6 +319,27 @@ class StepCompiler:
             if self._thread is None and not self._ready.is_set() and not self.failed:
                 self._thread = threading.Thread(target=self._make_paused, name="batchscope-compile", daemon=True)
                 self._thread.start()
+
+    def missed(self, bucket: Bucket | None) -> None:
+        """A step no graph admitted ran eager: make the graph again in the background for that step's shape (`bucket`;
+        None: the shape it was first made for), while the graph that is ready runs every step it admits. At most
+        `MAX_REMAKES` times; one at a time."""
+        with self._lock:
+            if self.failed or not self._ready.is_set() or (self._thread is not None and self._thread.is_alive()):
+                return
+            if self.remakes >= MAX_REMAKES:
+                if self.remakes == MAX_REMAKES:
+                    self.remakes += 1
+                    logger.warning(
+                        "the %s was made again %d times: steps it refuses stay eager", self.what, self.remakes - 1
+                    )
+                return
+            self.remakes += 1
+            logger.info("a %s the graph refused ran eager: making it again in the background", self.what)
+            self._thread = threading.Thread(
+                target=self._make_paused, args=(bucket,), name="batchscope-compile", daemon=True
+            )
+            self._thread.start()
 
     def compile_now(self) -> float | None:
         """Make the graph in this thread (the benchmark does, before it times anything); returns its seconds, or
@@ -327,30 +360,38 @@ class StepCompiler:
         self.failed = True
         self._ready.clear()
 
-    def _make_paused(self) -> None:
+    def _make_paused(self, bucket: Bucket | None = None) -> None:
         """`_make` in the background thread, sleeping while compiles are held."""
-        with _lock:
-            _compiling.add(self)
         sys.settrace(_sleep_while_paused)
         try:
-            self._make()
+            self._make(bucket)
         finally:
             sys.settrace(None)
-            with _lock:
-                _compiling.discard(self)
 
-    def _make(self) -> None:
+    def _make(self, bucket: Bucket | None = None) -> None:
+        """Trace and compile through one step of `bucket` (default: every slot, two column steps); the first time,
+        the graph is ready after it, or failed; a re-make adds a graph beside the ready one."""
         self._started = True
+        remaking = self._ready.is_set()
         start = time.perf_counter()
         try:
             # Freezing folds the weights into the graph only if dynamo records them as the model's parameters.
             # No duck shaping: rows and blocks equal when the graph is traced (4 and 4) must not become one symbol.
             with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
-                self._warm(self.forward, (self.capacity, 2 * self.column_step))
+                self._warm(self.forward, bucket or (self.capacity, 2 * self.column_step))
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
+            if remaking:  # the graph made before keeps running what it admits; no more tries
+                self.remakes = MAX_REMAKES + 1
+                first_line = (str(exc).strip().splitlines() or [""])[0]
+                logger.warning("making the %s again failed: %s: %s", self.what, type(exc).__name__, first_line)
+                return
             self.fail(exc, f"compiling the {self.what} failed")
             return
-        self.compile_s = time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if remaking:
+            logger.info("%ss of %d rows made again in %.1f s", self.what, self.capacity, seconds)
+            return
+        self.compile_s = seconds
         self._ready.set()
         logger.info("%ss of %d rows compiled in %.1f s", self.what, self.capacity, self.compile_s)
 

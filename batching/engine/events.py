@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Literal
 
 from batching.engine.blocks import PoolUsage
 from batching.engine.mask_view import StepMask
 from batching.engine.request import FinishReason
+
+# How a step ran: eager; through a compiled graph, by `torch.compile`'s entry; or its graph called directly
+# (`direct_call`, or on a GPU its CUDA graph replayed). The API counts steps by it (`engine_steps_total{path}`).
+StepPath = Literal["eager", "compiled", "direct"]
 
 
 @dataclass(frozen=True)
@@ -164,9 +169,14 @@ class StepEvent:
     rows: tuple[StepRow, ...] = ()  # in packed order; empty when the batcher does not record them
     token_budget: int = 0  # the scheduler's max tokens per step (0: unknown)
     mask: StepMask | None = None  # None when the batcher does not record step detail
-    compiled: bool = False  # ran through the compiled graph (a decode step once the graph is made), else eager
+    path: StepPath = "eager"  # how it ran: eager, through a compiled graph, or its graph called directly
     memory: MemoryView | None = None  # the block pool after the step
     waiting: tuple[Waiting, ...] = ()  # every request in the batcher that computed nothing this step, and why
+
+    @property
+    def compiled(self) -> bool:
+        """Whether a compiled graph answered the step (through `torch.compile`'s entry or called directly)."""
+        return self.path != "eager"
 
     @property
     def active(self) -> int:

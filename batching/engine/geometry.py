@@ -70,6 +70,14 @@ class PoolGeometry:
         """Positions the pool holds in all (whole blocks)."""
         return self.pool_blocks(options) * options.block_size
 
+    def full_contexts(self, options: BatcherOptions) -> int:
+        """How many requests of the whole context the pool holds at once."""
+        return self.pool_blocks(options) // -(-self.context(options) // options.block_size)
+
+    def pool_mb(self, tokens: int, requests: int) -> float:
+        """The MiB budget (`kv_cache_mb`) of a pool of `tokens` positions beside `requests` running requests' states."""
+        return (tokens * self.kv_bytes_per_token + requests * self.state_bytes_per_request) / 2**20
+
     def request_builder(self, tokenizer: PreTrainedTokenizerBase, options: BatcherOptions) -> RequestBuilder:
         """What a batcher with these options accepts: a prompt and cap that fit the context and the whole pool."""
         context = self.context(options)

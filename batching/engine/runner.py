@@ -27,6 +27,7 @@ from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
 from batching.engine.compiled import Bucket, StepCompiler, fits_prompt_graph, step_compiler
 from batching.engine.cuda_graphs import DecodeGraphs, Outputs
 from batching.engine.direct_call import DirectCall, DirectPath, direct_calls_supported, watching_graph_calls
+from batching.engine.events import StepPath
 from batching.engine.kv_cache import PagedKVCache, StepPlan
 from batching.engine.mask_view import StepMask, describe_rows, describe_step, layer_windows
 from batching.engine.model_support import check_supported, kv_layers
@@ -125,7 +126,7 @@ class ModelRunner:
         use_packed_attention(model)
         self.describe_masks = False  # the batcher turns it on with step detail: `last_mask` describes each step
         self.last_mask: StepMask | None = None
-        self.last_compiled = False  # whether the last step ran through the compiled graph
+        self.last_path: StepPath = "eager"  # how the last step ran: eager, through a graph, or its direct call
         self.last_greedy: list[int | None] | None = None  # the last step's greedy choices, when its graph made them
         self.windows = layer_windows(model)
         self.recurrent_layers = len(layout.layers) if layout is not None else 0
@@ -160,7 +161,7 @@ class ModelRunner:
                     cache.mark_padding(row, cache.lengths[row] + count)
 
         packed = self._pack(row_tokens)
-        self.last_compiled = False
+        self.last_path = "eager"
         self.last_greedy = None
         if len(packed.singles) == rows and not packed.chunks:
             logits = self._decode(packed.input_ids, packed.positions, packed.write_slots)
@@ -294,16 +295,20 @@ class ModelRunner:
         return compiler.step()
 
     def _compiled_mixed(self, step: Callable[..., object], packed: PackedStep) -> torch.Tensor:
-        """A step with prompt chunks through the compiled graph; eager (for good) if the graph fails."""
+        """A step with prompt chunks through the compiled graph; eager (for good) if the graph fails, eager this once
+        (and the graph made again in the background) if its guards refuse the step."""
         compiler = self.mixed_compiler
         assert compiler is not None
         try:
             logits = self._grouped_with(step, packed)
         except Exception as exc:  # as a decode step's: the step reruns eager, no request pays for it
             compiler.fail(exc, "a compiled prompt step failed")
+            self.last_path = "eager"
             return self._packed(packed)
-        self.compiled_steps += 1
-        self.last_compiled = True
+        if self.last_path == "eager":
+            compiler.missed(None)
+        else:
+            self.compiled_steps += 1
         return logits
 
     def _grouped_with(
@@ -440,7 +445,7 @@ class ModelRunner:
         """The model's forward, eager (`step` None) or compiled; the first `rows` rows' logits, in float32. A compiled
         step also answers each row's greedy choice (`sampling.greedy_choices`, in the graph): kept in `last_greedy`.
         `roles`: every tensor the step passes (its inputs, its plans' and the pools), for calling its graph directly
-        (`direct_call`)."""
+        (`direct_call`). `last_path` says how it ran: a step the graphs' guards refused ran eager inside `step`."""
         self.cache.attention_plan, self.cache.position_ids = inputs[PLAN_KWARG], inputs["position_ids"]
         if step is None:
             output: Any = self.model(**inputs)
@@ -449,10 +454,18 @@ class ModelRunner:
         if compiler is not None and roles is not None:
             outputs = self._direct(compiler.direct, step, roles, inputs)
         if outputs is None:
-            outputs = cast(tuple[torch.Tensor, torch.Tensor], step(self.model, **inputs))
+            outputs = self._through_graphs(step, inputs)
         logits, greedy = outputs[0], outputs[1]
         self.last_greedy = greedy_list(greedy[:rows])
         return logits[:rows].float()
+
+    def _through_graphs(self, step: Callable[..., object], inputs: dict[str, Any]) -> Sequence[torch.Tensor]:
+        """The step through `step` (the graphs in run-only mode, `StepCompiler.graphs_only`): `last_path` says
+        "compiled" when a graph ran, "eager" when none admitted the step and the model's own code ran."""
+        with watching_graph_calls() as seen:
+            outputs = cast(Sequence[torch.Tensor], step(self.model, **inputs))
+        self.last_path = "compiled" if seen else "eager"
+        return outputs
 
     def _direct(
         self, path: DirectPath, step: Callable[..., object], roles: list[torch.Tensor], inputs: dict[str, Any]
@@ -467,6 +480,10 @@ class ModelRunner:
         if call is None:
             with watching_graph_calls() as seen:
                 outputs = cast(Sequence[torch.Tensor], step(self.model, **inputs))
+            if not seen:  # no graph admitted the step: it ran eager, and says so; no recipe to make
+                self.last_path = "eager"
+                return outputs
+            self.last_path = "compiled"
             path.call = DirectCall.of(step, *seen[0], roles) if len(seen) == 1 else None
             if path.call is None:
                 path.tries += 1
@@ -475,7 +492,9 @@ class ModelRunner:
         if call.roles != len(roles) or not call.admits(self.model, inputs):
             return None
         if path.checked < DIRECT_CHECKS:
+            self.last_path = "compiled"  # the normal call's answer (its guards are the direct call's: it ran a graph)
             return self._checked_direct(path, call, step, roles, inputs)
+        self.last_path = "direct"
         return call(roles)
 
     def _checked_direct(
@@ -512,7 +531,8 @@ class ModelRunner:
         return normal
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
-        """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile)."""
+        """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile); a step the
+        graph's guards refuse runs eager and the graph is made again for its shape in the background."""
         compiler = self.compiler
         if compiler is not None:
             bucket = compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
@@ -528,9 +548,12 @@ class ModelRunner:
                     compiler.fail(exc, "a compiled decode step failed")
                     if states is not None and kept is not None:
                         states.restore(kept)
+                    self.last_path = "eager"
                 else:
-                    self.compiled_steps += 1
-                    self.last_compiled = True
+                    if self.last_path == "eager":
+                        compiler.missed(bucket)
+                    else:
+                        self.compiled_steps += 1
                     return logits
         return self._decode_with(tokens, positions, slots, None, None)
 
@@ -572,6 +595,7 @@ class ModelRunner:
             if captured is not None:
                 cache.plan, plan = captured.plans
                 self._describe_decode(plan, rows)
+                self.last_path = "direct"  # its CUDA graph replayed: no torch.compile entry
                 return self._graph_answer(captured.outputs, rows)
         device = self.device
         input_ids, position_ids, write_slots, write_columns, tables, first = (
@@ -612,14 +636,16 @@ class ModelRunner:
         }
         if graphs is not None and bucket is not None and step is not None:
             compiled = step
-            outputs = graphs.capture(
-                bucket,
-                [input_ids, position_ids, write_slots, write_columns, tables, first],
-                (cache.plan, plan),
-                lambda: cast(Outputs, compiled(self.model, **inputs)),
-                cache.pools(),
-                write_slots,
-            )
+            with watching_graph_calls() as seen:  # none seen: the graphs' guards refused the step, it ran eager
+                outputs = graphs.capture(
+                    bucket,
+                    [input_ids, position_ids, write_slots, write_columns, tables, first],
+                    (cache.plan, plan),
+                    lambda: cast(Outputs, compiled(self.model, **inputs)),
+                    cache.pools(),
+                    write_slots,
+                )
+            self.last_path = "compiled" if seen else "eager"
             return self._graph_answer(outputs, rows)
         roles = [input_ids, position_ids, write_slots, write_columns, tables, first, mask.query_columns]
         roles += [mask.first_columns, self._placeholder_mask]

@@ -2,18 +2,20 @@
 
 Gauges (running, waiting, KV-cache use, slot occupancy) are read from the engine when scraped and cover everyone
 using it, browser tabs included; so do the KV counters (preemptions, prefix-cache queries and hits), read from every
-step's memory view. Latency histograms and the request counters cover the requests served through this API.
+step's memory view, and the steps by how they ran (`engine_steps_total{path}`: eager, compiled, direct). Latency
+histograms and the request counters cover the requests served through this API.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from batching.engine.events import FinishedEvent, MemoryView, StepEvent, WaitReason
+from batching.engine.events import FinishedEvent, MemoryView, StepEvent, StepPath, WaitReason
 from batching.engine.request import FinishReason
 from batching.service import BatcherLoad
 
@@ -93,11 +95,21 @@ class ApiMetrics:
         )
         for reason in WaitReason:  # every reason listed from the start, at 0
             self.waiting.labels(reason=reason.name.lower())
+        self.steps = Counter(
+            PREFIX + "engine_steps",
+            "Engine steps of the API's batcher by how they ran: eager, through a compiled graph (torch.compile's "
+            "entry), or its graph called directly.",
+            ["path"],
+            registry=self.registry,
+        )
+        for path in get_args(StepPath):  # every path listed from the start, at 0
+            self.steps.labels(path=path)
         self._kv_counters = (self.preemptions, self.prefix_queries, self.prefix_hits)
         self._last_totals = (0, 0, 0)  # the batcher's running totals at its previous step
 
     def observe_step(self, step: StepEvent) -> None:
         self.iteration_tokens.observe(step.prefill_tokens + step.decode_tokens)
+        self.steps.labels(path=step.path).inc()
         for waiting in step.waiting:
             self.waiting.labels(reason=waiting.reason.name.lower()).inc()
         if step.memory is not None:

@@ -21,6 +21,7 @@ from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.serve.app import ApiConfig, create_app
 from batching.serve.gateway import Gateway
+from batching.serve.kv_budget import available_memory_bytes, serving_pool
 from batching.serve.schemas import SamplingDefaults, ServedLimits
 from batching.service import EngineClient, EngineConfig, engine_options
 from config.settings import ModelSettings, Settings, SettingsError, load_settings, setting_warnings
@@ -112,8 +113,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help=f"default: BATCHSCOPE_SERVER__PORT, else {DEFAULT_PORT}")
     parser.add_argument("--model", help="builtin, a hub id or a local folder (default: settings)")
     parser.add_argument("--api-key", help="require this bearer key (default: BATCHSCOPE_SERVER__API_KEY)")
+    parser.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="start at once and run every step eager (BATCHSCOPE_ENGINE__COMPILE_STEPS=false does too); by default "
+        "the compiled steps' graphs are made before the port opens",
+    )
+    parser.add_argument(
+        "--kv-cache-mb",
+        type=float,
+        help="KV memory of the served batcher in MiB (default: BATCHSCOPE_BATCHING__KV_CACHE_MB or __KV_CACHE_TOKENS "
+        "when set, else 4 whole contexts a slot within a quarter of the memory available)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
+
+
+def _with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    """The settings with what the command line gives instead (flags win over the environment)."""
+    model = settings.model.model_copy(update={"name_or_path": args.model} if args.model else {})
+    server = settings.server.model_copy(
+        update={k: v for k, v in {"host": args.host, "api_key": args.api_key}.items() if v is not None}
+    )
+    engine = settings.engine.model_copy(update={"compile_steps": False} if args.no_compile else {})
+    # Counted as set (`model_fields_set`), as the environment's would be: the pool is what the flag says.
+    pool = {} if args.kv_cache_mb is None else {"kv_cache_mb": args.kv_cache_mb}
+    batching = settings.batching.model_copy(update=pool)
+    return settings.model_copy(update={"model": model, "server": server, "engine": engine, "batching": batching})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,18 +149,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ServeError(f"--port {args.port} is not allowed: must be in [1, 65535]")
         settings = load_settings()
         configure_logging(getattr(logging, args.log_level.upper()))
-        model_settings = settings.model.model_copy(update={"name_or_path": args.model} if args.model else {})
-        server = settings.server.model_copy(
-            update={k: v for k, v in {"host": args.host, "api_key": args.api_key}.items() if v is not None}
-        )
-        settings = settings.model_copy(update={"model": model_settings, "server": server})
+        if args.kv_cache_mb is not None and not 0 < args.kv_cache_mb <= 1_048_576:
+            raise ServeError(f"--kv-cache-mb {args.kv_cache_mb} is not allowed: must be in (0, 1048576]")
+        settings = _with_flags(settings, args)
         for warning in setting_warnings():
             logger.warning("%s", warning)
         options = engine_options(settings)
-        service = EngineClient(EngineConfig(settings.model, settings.tokenizer, settings.engine), settings.limits)
+        # The graphs every step of this batcher will use are made before the engine says it is ready (each line
+        # logged as it goes), so no request waits on a compiler; --no-compile starts at once, eager.
+        prepare = options if settings.engine.compile_steps else None
+        config = EngineConfig(settings.model, settings.tokenizer, settings.engine, prepare=prepare)
+        service = EngineClient(config, settings.limits)
+        given = bool({"kv_cache_tokens", "kv_cache_mb"} & settings.batching.model_fields_set)
+        options, pool_line = serving_pool(options, service.info.geometry, given, available_memory_bytes())
+        logger.info("%s", pool_line)
     except (ServeError, SettingsError, ModelLoadError, ValueError) as exc:
         print(f"serve: error: {exc}", file=sys.stderr)
         return 2
+    if not settings.engine.compile_steps:
+        logger.info("compiled steps are off: every step runs eager")
     warm_up(service, options)
     gateway = Gateway(service, options, settings.limits.max_queue_total)
     app = create_app(gateway, service.tokenizer, api_config(settings, service, options))

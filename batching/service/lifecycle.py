@@ -26,6 +26,7 @@ from batching.service.messages import (
     LaneOutputs,
     LoadFailed,
     Outputs,
+    Progress,
     RaceEnded,
     Ready,
     RunEnded,
@@ -83,6 +84,9 @@ class EngineLifecycle:
         process = EngineProcess(self.config)
         try:
             first = process.outputs.recv()
+            while isinstance(first, Progress):
+                logger.info("%s", first.line)
+                first = process.outputs.recv()
         except EOFError:
             process.wait(5)
             raise RuntimeError(f"the engine process exited while starting ({process.describe_exit()})") from None

@@ -2,8 +2,8 @@
 
 Client -> engine: `Submit`, `Cancel`, `OpenPrivate`, `RunPrivate`, `ClosePrivate`, the race's `StartRace`,
 `RaceAdd`, `RacePace`, `StopRace`, `CloseRace`, and `Shutdown`.
-Engine -> client: `Ready` or `LoadFailed` once, then `Outputs` (one per batcher step), `RunEnded`, `LaneOutputs`
-(one per race step), `RaceEnded`, `EngineStats`.
+Engine -> client: `Progress` lines while it starts, `Ready` or `LoadFailed` once, then `Outputs` (one per batcher
+step), `RunEnded`, `LaneOutputs` (one per race step), `RaceEnded`, `EngineStats`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ class EngineConfig:
     tokenizer: TokenizerSettings
     engine: EngineSettings
     initializer: Callable[[], None] | None = None
+    # A batcher whose compiled graphs (and the paged-decode operator) are made before the engine says `Ready`, each
+    # said in a `Progress` line: the API server's, so no request it serves waits on a compiler. None: made in the
+    # background when first asked (the page's engine).
+    prepare: BatcherOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,13 @@ Command = (
 
 
 # --- engine -> client -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Progress:
+    """A line about the engine's start (a graph being made, and how long it took), logged by the client."""
+
+    line: str
+
+
 @dataclass(frozen=True)
 class Ready:
     info: EngineInfo

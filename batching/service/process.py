@@ -8,22 +8,26 @@ between rounds, waits on the pipe when every batcher is idle, and exits when the
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import gc
 import logging
 import os
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import torch
 
+import batching.engine.paged_decode as paged_decode
 from batching.engine.batcher import Batcher
-from batching.engine.compiled import pause_compiles, use_compile_cache
+from batching.engine.compiled import StepCompiler, pause_compiles, use_compile_cache
 from batching.engine.geometry import PoolGeometry
 from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.service.core import EngineCore
-from batching.service.messages import EngineConfig, EngineInfo, LoadFailed, Ready, Shutdown
+from batching.service.messages import EngineConfig, EngineInfo, LoadFailed, Progress, Ready, Shutdown
 from model.loader import LoadedModel, ModelLoadError, load_model
 
 logger = logging.getLogger(__name__)
@@ -98,6 +102,8 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         warm.add("Hello", RequestParams(2))
         for _ in warm.run():
             pass
+        if config.prepare is not None and config.engine.compile_steps:
+            make_graphs(loaded, config.prepare, lambda line: outputs.send(Progress(line)))
         # The 400k objects of torch, transformers and the model never die: out of the collector's sight, a full
         # collection went from 0.18 s (a step stalled that long now and then, more under load) to nothing.
         gc.freeze()
@@ -122,3 +128,36 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
     )
     outputs.send(Ready(info))
     return loaded
+
+
+def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str], None]) -> None:
+    """Make everything compiled that a batcher with `options` will use, in this thread, before the engine says it is
+    ready (vLLM compiles and captures at start too): the paged-decode operator, the decode steps' graph and the
+    prompt steps' graph, each said with its time. The first start compiles (minutes, with kernels timed); a later
+    one finds the graphs in the disk cache. One that cannot be made is said, and its steps stay eager.
+    """
+    # The graphs do not depend on the pool's size (they are traced on a scratch pool): the smallest will do.
+    small = dataclasses.replace(options, kv_blocks=options.max_batch_size, kv_cache_tokens=None, kv_cache_mb=None)
+    runner = Batcher(loaded.model, loaded.tokenizer, small).runner
+    parts: list[tuple[str, Callable[[], bool]]] = []  # what, and how to make it (True: made)
+    if runner.reads_through_tables:
+        parts.append(("the paged-decode operator", paged_decode.load))
+    for compiler in (runner.compiler, runner.mixed_compiler):
+        if compiler is not None:
+            what = f"the graph of {compiler.what}s of {compiler.capacity} rows"
+            parts.append((what, functools.partial(_made, compiler)))
+    started = time.perf_counter()
+    for number, (what, make) in enumerate(parts, 1):
+        bar = "#" * (number - 1) + "." * (len(parts) - number + 1)
+        say(f"compiling [{bar}] {number}/{len(parts)}: {what}")
+        start = time.perf_counter()
+        made = make()
+        outcome = f"in {time.perf_counter() - start:.1f} s" if made else "failed: its steps run eager (see the log)"
+        say(f"compiled  [{'#' * number}{'.' * (len(parts) - number)}] {number}/{len(parts)}: {what} {outcome}")
+    if parts:
+        say(f"compiled steps ready in {time.perf_counter() - started:.1f} s")
+
+
+def _made(compiler: StepCompiler) -> bool:
+    """Make the graph now; whether it could be."""
+    return compiler.compile_now() is not None

@@ -1,6 +1,8 @@
 """Compiled decode steps: token for token equal to `generate`, one graph with no graph breaks, the engine
-answering while the graph is made, a second start finding the graph in the on-disk cache, and a graph that fails
-(made, or re-made at run time) leaving the steps eager without failing a request."""
+answering while the graph is made, a second start finding the graph in the on-disk cache, a ready graph running
+while another is made and a step its guards refuse running eager while the graph is made again in the background
+(no step ever compiles), and a graph that cannot be made, or fails at run time, leaving the steps eager without
+failing a request."""
 
 from __future__ import annotations
 
@@ -15,29 +17,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch._dynamo.convert_frame import compile_lock
 from torch._dynamo.utils import counters
 from transformers import LlamaForCausalLM
 
 from batching.engine.batcher import Batcher
 from batching.engine.compiled import (
     StepCompiler,
-    background_compile_running,
-    compile_state,
     fits_prompt_graph,
     pause_compiles,
 )
 from batching.engine.events import Event, StepEvent, TokenEvent
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
-from batching.engine.request import FinishReason
-from batching.engine.runner import ModelRunner
+from batching.engine.runner import DIRECT_CHECKS, ModelRunner
 from batching.runs import RunRecord
-from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals
+from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals, steps_of
 from tests.helpers import ROOT
-from tests.tiny_models import TINY_CONFIGS
+from tests.tiny_models import TINY_CONFIGS, save_tiny_models
 from utils.metrics import steps_kind
 
 CAPS = [40, 3, 25, 60, 9, 33]
@@ -153,22 +154,16 @@ def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it(
     assert steps_while_compiling >= 10 and tokens >= 10  # eager steps went on while the graph was made
     assert not any(step.compiled for step in record.steps)  # and each said so
     assert steps_kind(record) == "eager steps"
-    # A graph another test of this process left being made holds every step eager until it is done
-    # (`StepCompiler.step`): wait for it, so the next steps are this graph's to take.
-    deadline = time.monotonic() + 600
-    while background_compile_running():
-        assert time.monotonic() < deadline, "another graph of this process was never made"
-        time.sleep(0.05)
     switch = len(record.steps)
-    with counting_compiled_steps(compiler) as calls:
-        # Five decode steps (a request that ends among them gives way to a new one, whose prompt step runs eager).
-        while sum(not step.prefill_tokens for step in record.steps[switch:]) < 5:
-            if not batcher.has_work:
-                batcher.add([5, 6, 7], RequestParams(400, ignore_eos=True))
-            record.extend(batcher.step())
+    # Five decode steps (a request that ends among them gives way to a new one, whose prompt step runs eager).
+    while sum(not step.prefill_tokens for step in record.steps[switch:]) < 5:
+        if not batcher.has_work:
+            batcher.add([5, 6, 7], RequestParams(400, ignore_eos=True))
+        record.extend(batcher.step())
     decode = [step for step in record.steps[switch:] if not step.prefill_tokens]
-    assert calls[0] == 5  # and the next decode steps took the graph
-    assert [step.compiled for step in decode] == [True] * 5
+    # The next decode steps took the graph: through torch.compile's entry while its direct call is made and checked,
+    # then by the direct call.
+    assert [step.path for step in decode] == ["compiled"] * (1 + DIRECT_CHECKS) + ["direct"] * (4 - DIRECT_CHECKS)
     assert steps_kind(record) == f"eager, then compiled decode steps from step {decode[0].index + 1}"
 
 
@@ -208,7 +203,7 @@ sys.path.insert(0, {root!r})
 torch.set_num_threads(1)
 from batching.engine.compiled import use_compile_cache
 use_compile_cache(__import__("pathlib").Path({cache!r}))
-from batching.engine.runner import ModelRunner
+from batching.engine.runner import DIRECT_CHECKS, ModelRunner
 from tests.engine.helpers import loaded
 model = loaded({folder!r}).model
 runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
@@ -289,25 +284,131 @@ def test_a_paused_compile_sleeps_at_a_plain_call_but_never_where_a_frame_may_hol
     assert not plain.is_alive()
 
 
-def test_a_ready_graph_is_not_used_while_another_graph_is_being_made(tiny_model_dirs) -> None:
-    from batching.engine import compiled
+def held_by_another_thread(lock: Any) -> bool:
+    """Whether a thread other than this one holds `lock` (an RLock) now."""
+    if lock.acquire(blocking=False):
+        lock.release()
+        return False
+    return True
 
-    model = loaded(str(tiny_model_dirs["llama"])).model
-    runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
-    compiler = runner.compiler
-    assert compiler is not None and compiler.compile_now() is not None
-    assert compiler.step() is compiler.forward
-    other = ModelRunner(model, capacity=6, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
-    assert other.compiler is not None
-    with compiled._lock:  # as `_make_paused` registers a compile thread at work
-        compiled._compiling.add(other.compiler)
+
+@contextmanager
+def held_inside_dynamo(compiler: StepCompiler) -> Iterator[None]:
+    """`compiler`'s background compile held (`pause_compiles`, as the engine holds it while a batcher has work) where
+    it holds dynamo's one compile lock, until the block ends: any step that compiled, or waited on that lock, would
+    wait until then."""
+    deadline = time.monotonic() + 600
+    while True:
+        assert not compiler.ready, "the compile ended before it could be held"
+        assert time.monotonic() < deadline, "the compile never took dynamo's compile lock"
+        if held_by_another_thread(compile_lock):
+            pause_compiles(True)  # it sleeps at its next Python call, inside the compile
+            if held_by_another_thread(compile_lock):
+                break
+            pause_compiles(False)
+        time.sleep(0.01)
     try:
-        # A guard miss would compile again under dynamo's one lock, which the other compile holds: eager instead.
-        assert compiler.step() is None
+        yield
     finally:
-        with compiled._lock:
-            compiled._compiling.discard(other.compiler)
-    assert compiler.step() is compiler.forward
+        pause_compiles(False)
+
+
+@contextmanager
+def dynamos_compile_lock_held() -> Iterator[None]:
+    """Dynamo's compile lock held by another thread, as a compile holds it, until the block ends."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with compile_lock:
+            taken.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    taken.wait()
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
+def steps_in_a_thread(batcher: Batcher, count: int) -> list[StepEvent]:
+    """`count` steps of `batcher` in a thread of their own, with their step events. A step that compiled, or waited on
+    dynamo's compile lock while a compile holds it, would never end: that fails here (after 10 minutes)."""
+    events: list[Event] = []
+    worker = threading.Thread(target=lambda: [events.extend(batcher.step()) for _ in range(count)], daemon=True)
+    worker.start()
+    worker.join(600)
+    assert not worker.is_alive(), "a step waited on dynamo's compile lock: it tried to compile"
+    return steps_of(events)
+
+
+@contextmanager
+def tf32_flipped() -> Iterator[None]:
+    """TF32 matmuls switched: a global flag every graph's guards check (a CPU step ignores it), so every step misses
+    the guards of the graphs made before."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = not tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def test_a_ready_graph_keeps_running_while_another_is_made_and_no_step_ever_compiles(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A model of its own: its graphs, and the one made again below, are the only ones on its code objects (another
+    # graph there would leave no direct call to make).
+    model = loaded(str(save_tiny_models(tmp_path, {"llama": TINY_CONFIGS["llama"]})["llama"]))
+    options = BatcherOptions(
+        max_batch_size=7,
+        max_batched_tokens=64,
+        max_seq_len=256,
+        compile_steps=True,
+        compile_autotune=False,
+        compile_prompt_steps=True,
+    )
+    batcher = Batcher(model.model, model.tokenizer, options)
+    decode, prompt_graph = batcher.runner.compiler, batcher.runner.mixed_compiler
+    assert decode is not None and prompt_graph is not None
+    assert decode.compile_now() is not None and not prompt_graph.started
+    prompt, cap = [5, 6, 7, 8], 40
+    request = batcher.add(prompt, RequestParams(cap, ignore_eos=True))
+    events = batcher.step()  # the first prompt step starts the prompt-step graph's compile, and runs eager
+    assert prompt_graph.started and [step.path for step in steps_of(events)] == ["eager"]
+    # The issue's case: the decode graph is ready while the prompt-step graph is made (held, and holding dynamo's
+    # lock, as while the engine is busy). The decode steps go on through the ready graph, by torch.compile's entry
+    # while its direct call is made and checked, then by the direct call: neither compiles nor needs the lock.
+    with held_inside_dynamo(prompt_graph):
+        steps = steps_in_a_thread(batcher, 8)
+        assert not prompt_graph.ready
+    assert [step.path for step in steps] == ["compiled"] * 4 + ["direct"] * 4
+    assert prompt_graph._thread is not None
+    prompt_graph._thread.join(600)  # released: made (before TF32 is switched below, which a trace must not see)
+    assert prompt_graph.ready
+    # A step the graph's guards refuse (TF32 switched) runs eager, the graph is made again for it in the background
+    # (waiting here on dynamo's lock), and the ready graph serves the step it admits once made again.
+    with tf32_flipped(), caplog.at_level(logging.INFO, logger="batching.engine.compiled"):
+        with dynamos_compile_lock_held():
+            missed = steps_in_a_thread(batcher, 3)
+            assert [step.path for step in missed] == ["eager"] * 3
+            assert decode.remakes == 1  # one re-make at a time, not one per step
+        assert decode._thread is not None
+        decode._thread.join(600)
+        remade = steps_in_a_thread(batcher, 3)
+    assert [step.path for step in remade] == ["compiled"] * 3  # the new graph (the direct call keeps the first)
+    assert any("making it again in the background" in record.getMessage() for record in caplog.records)
+    assert [step.path for step in steps_in_a_thread(batcher, 2)] == ["direct"] * 2  # TF32 back: the first graph
+    assert not decode.failed
+    second = batcher.add([9, 10, 11], RequestParams(5, ignore_eos=True))
+    joined = batcher.step()  # its prompt step, beside the first request's decode row, through the prompt graph
+    assert [step.path for step in steps_of(joined)] == ["compiled"]
+    events += [*joined, *batcher.run()]
+    finished = finished_by_id(events)
+    assert list(finished[request.request_id].output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
+    assert list(finished[second.request_id].output_ids) == reference(model.model, [9, 10, 11], 5, ignore_eos=True)
 
 
 # Two slots (rows stay static: a short compile) and a cache length no other test compiles.
@@ -333,30 +434,6 @@ def dynamo_refusing_a_re_trace() -> Iterator[None]:
 
 def _failures(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [record.getMessage() for record in caplog.records if "steps stay eager" in record.getMessage()]
-
-
-def test_a_compiled_step_that_fails_at_run_time_reruns_eager_and_its_request_stays_exact(
-    tiny_model_dirs, caplog: pytest.LogCaptureFixture
-) -> None:
-    model = loaded(str(tiny_model_dirs["llama"]))
-    batcher = Batcher(model.model, model.tokenizer, FALLBACK)
-    compiler = batcher.runner.compiler
-    assert compiler is not None and compiler.compile_now() is not None
-    prompt, cap = [5, 6, 7, 8], 40
-    request = batcher.add(prompt, RequestParams(cap, ignore_eos=True))
-    events: list[Event] = []
-    while batcher.runner.compiled_steps < 5:
-        events += batcher.step()
-    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"), dynamo_refusing_a_re_trace():
-        while batcher.has_work:
-            events += batcher.step()
-    finished = finished_by_id(events)[request.request_id]
-    assert finished.reason is FinishReason.LENGTH, finished.error
-    assert list(finished.output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
-    assert batcher.runner.compiled_steps == 5  # the step that failed and every later one ran eager
-    assert compiler.failed and compile_state(model.model, enabled=True).stage == "failed"
-    (line,) = _failures(caplog)
-    assert line.startswith("a compiled decode step failed, steps stay eager: RecompileError: ")
 
 
 def test_a_decode_graph_that_cannot_be_made_leaves_the_steps_eager_and_is_not_tried_again(

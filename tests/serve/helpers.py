@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import openai
@@ -22,14 +22,18 @@ from tests.helpers import ROOT, free_port
 
 
 @contextlib.contextmanager
-def our_server(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m batching.serve` on a free port in its own process group (the engine process is its child)."""
+def our_server(
+    tmp_path: Path, env: dict[str, str] | None = None, args: Sequence[str] = (), start_s: float = 90
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m batching.serve` on a free port in its own process group (the engine process is its child), with
+    `args` after ours (a later `--log-level` wins); its output goes to `serve-PORT.log` in `tmp_path`. `start_s`: how
+    long to wait for it to answer before calling it stuck."""
     port = free_port()
     log_path = tmp_path / f"serve-{port}.log"
     environment = {**os.environ, "BATCHSCOPE_MODEL__DEVICE": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "batching.serve", "--port", str(port), "--log-level", "warning"],
+            [sys.executable, "-m", "batching.serve", "--port", str(port), "--log-level", "warning", *args],
             cwd=ROOT,
             env=environment,
             stdout=log,
@@ -38,13 +42,13 @@ def our_server(tmp_path: Path, env: dict[str, str] | None = None) -> Iterator[tu
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + start_s
         while True:
             assert process.poll() is None, log_path.read_text()
             with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as answer:
                 if answer.status == 200:
                     break
-            assert time.monotonic() < deadline, "the server did not start in 90 s"
+            assert time.monotonic() < deadline, f"the server did not start in {start_s:.0f} s"
             time.sleep(0.3)
         yield url, process
     finally:

@@ -273,7 +273,8 @@ def test_steps_kind_says_which_steps_ran_compiled() -> None:
         record = RunRecord("continuous", start=0.0)
         for index, (prefill, compiled) in enumerate(steps):
             decode = 0 if prefill > 8 else 1
-            record.add(StepEvent(index, index, index + 1, ("a",), prefill, decode, compiled=compiled))
+            path = "direct" if compiled else "eager"
+            record.add(StepEvent(index, index, index + 1, ("a",), prefill, decode, path=path))
         return record
 
     assert steps_kind(run((9, False), (0, False), (0, False))) == "eager steps"
@@ -284,3 +285,10 @@ def test_steps_kind_says_which_steps_ran_compiled() -> None:
         == "compiled decode steps, 1 of 2 prompt steps compiled"
     )
     assert steps_kind(run((9, False), (4, True), (0, False))) == "eager decode steps, 1 of 2 prompt steps compiled"
+
+
+def test_the_summary_counts_steps_by_how_they_ran() -> None:
+    record = RunRecord("compiled", start=0.0)
+    for index, path in enumerate(["eager", "compiled", "compiled", "direct"]):
+        record.add(StepEvent(index, index, index + 1, ("a",), 0, 1, path=path))
+    assert summarize(record).as_dict()["steps_by_path"] == {"eager": 1, "compiled": 2, "direct": 1}

@@ -1,0 +1,82 @@
+"""`python -m batching.serve` starting as a server: the graphs of its compiled steps made before the port opens, each
+said in the log, and no step it serves eager; `--no-compile` starting at once, every step eager; and its KV pool
+sized for serving and said in the log, not the page's demo pool."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.serve.helpers import our_server
+
+
+def _steps_by_path(url: str) -> dict[str, float]:
+    """`batchscope:engine_steps_total` by its `path` label."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
+        families = text_string_to_metric_families(answer.read().decode())
+    return {
+        sample.labels["path"]: sample.value
+        for family in families
+        for sample in family.samples
+        if sample.name == "batchscope:engine_steps_total"
+    }
+
+
+def _complete(url: str, prompt: str, max_tokens: int) -> dict:
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}).encode()
+    request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return json.loads(answer.read())
+
+
+def _log(tmp_path: Path) -> list[str]:
+    (path,) = tmp_path.glob("serve-*.log")
+    return path.read_text().splitlines()
+
+
+def _index(lines: list[str], text: str) -> int:
+    return next(number for number, line in enumerate(lines) if text in line)
+
+
+def test_a_server_makes_its_graphs_before_it_listens_and_runs_no_step_it_serves_eager(
+    tiny_model_dirs: dict, tmp_path: Path
+) -> None:
+    env = {
+        "BATCHSCOPE_MODEL__NAME_OR_PATH": str(tiny_model_dirs["llama"]),
+        "BATCHSCOPE_ENGINE__COMPILE_STEPS": "true",
+        "BATCHSCOPE_ENGINE__COMPILE_AUTOTUNE": "false",  # the same graphs, made in half the time
+        "BATCHSCOPE_ENGINE__COMPILE_CACHE_DIR": str(tmp_path / "compiled"),
+        "BATCHSCOPE_BATCHING__MAX_BATCH_SIZE": "4",
+    }
+    with our_server(tmp_path, env, args=("--log-level", "info"), start_s=900) as (url, _):
+        for prompt in ("Hello there", "How are you", "Where is my parcel"):
+            assert _complete(url, prompt, 8)["usage"]["completion_tokens"] == 8
+        steps = _steps_by_path(url)
+    lines = _log(tmp_path)
+    made = [_index(lines, f"compiled  [{bar}] {n}/3: ") for n, bar in ((1, "#.."), (2, "##."), (3, "###"))]
+    assert "the paged-decode operator" in lines[made[0]]
+    assert "the graph of decode steps of 4 rows in " in lines[made[1]]
+    assert "the graph of prompt steps of 4 rows in " in lines[made[2]]
+    assert made == sorted(made) and made[-1] < _index(lines, "serving ")  # all made, then the port opened
+    assert "requests of the whole" in lines[_index(lines, "KV cache: ")]
+    # Every step of the three requests went through a graph: by torch.compile's entry while each graph's direct
+    # call is made and checked, then directly.
+    assert steps["eager"] == 0 and steps["compiled"] > 0 and steps["direct"] > 0
+
+
+def test_no_compile_starts_at_once_eager_and_a_kv_budget_given_is_the_pool(
+    tiny_model_dirs: dict, tmp_path: Path
+) -> None:
+    env = {"BATCHSCOPE_MODEL__NAME_OR_PATH": str(tiny_model_dirs["llama"]), "BATCHSCOPE_ENGINE__COMPILE_STEPS": "true"}
+    args = ("--log-level", "info", "--no-compile", "--kv-cache-mb", "2")
+    with our_server(tmp_path, env, args=args) as (url, _):
+        _complete(url, "Hello there", 4)
+        steps = _steps_by_path(url)
+    lines = _log(tmp_path)
+    assert not any("compiling [" in line for line in lines)
+    assert _index(lines, "compiled steps are off") < _index(lines, "serving ")
+    assert "KV cache: 2.0 MiB (as set)" in lines[_index(lines, "KV cache: ")]
+    assert steps["eager"] >= 4 and steps["compiled"] == steps["direct"] == 0
