@@ -186,3 +186,32 @@ def test_each_part_of_the_engine_client_imports_only_the_parts_before_it(index: 
 
 def test_the_engine_client_is_composed_of_every_part() -> None:
     assert set(CLIENT_PARTS[:-1]) <= GRAPH["batching.service.client"]
+
+
+# A step's run: what it computes (its inputs, then the builders), how it is called, how its graphs are made off the
+# serving path, then the runner that dispatches. Each part imports only the parts before it; the builders never
+# know how a step runs (nor the compiler), and the caller never builds one.
+STEP_PARTS = [
+    "batching.engine.step_inputs",
+    "batching.engine.step_builder",
+    "batching.engine.step_call",
+    "batching.engine.warmup",
+    "batching.engine.runner",
+]
+HOW_STEPS_RUN = {"batching.engine.compiled", "batching.engine.direct_call", "batching.engine.cuda_graphs"}
+
+
+@pytest.mark.parametrize("index", range(len(STEP_PARTS)), ids=STEP_PARTS)
+def test_each_part_of_a_step_imports_only_the_parts_before_it(index: int) -> None:
+    module = STEP_PARTS[index]
+    later = GRAPH[module] & set(STEP_PARTS[index + 1 :])
+    assert not later, f"{module} imports {sorted(later)}, which come after it"
+
+
+@pytest.mark.parametrize("module", STEP_PARTS[:2])
+def test_what_a_step_computes_knows_nothing_of_how_it_runs(module: str) -> None:
+    assert not GRAPH[module] & HOW_STEPS_RUN, f"{module} imports {sorted(GRAPH[module] & HOW_STEPS_RUN)}"
+
+
+def test_how_a_step_runs_never_builds_one() -> None:
+    assert "batching.engine.step_builder" not in GRAPH["batching.engine.step_call"]

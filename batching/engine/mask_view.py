@@ -1,6 +1,6 @@
 """A compact description of the attention masks a step's plan really built, and its expansion to a dense matrix.
 
-The runner builds boolean masks per row (`runner._plan`) and attention narrows them per layer's sliding window
+The step builders make boolean masks per row (`step_builder`) and attention narrows them per layer's sliding window
 (`RowMask.additive`). Copying those tensors out every step would cost more than the step's bookkeeping, so the
 runner records only the few integers they were built from (`describe_step`); `cell_kinds` rebuilds every cell from
 them with the same rules, and tests/engine/test_mask_view.py checks it against the tensors attention actually received.

@@ -27,7 +27,7 @@ _DECODER = {
 _MIXED = ["sliding_attention", "full_attention"]
 # Small value-head counts: inductor's linear fusion compares a hybrid's compiled row count with them (Qwen3.5's
 # dt_bias), so the compiled matrix's counts (2 to its 4 slots) cross both: 2 guards one count off the first graph,
-# 4 equals the count the graph is traced at (see `runner._warm_bucket`).
+# 4 equals the count the graph is traced at (see `warmup.warm_decode`).
 _DELTA_NET = {
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 2,

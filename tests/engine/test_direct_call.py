@@ -102,7 +102,7 @@ def test_a_wrong_recipe_is_caught_by_the_check_and_the_steps_stay_exact(
     recipe = path.call.recipe
     (tables,) = {role for role, dim in recipe if dim == 1 and (role, 0) in recipe}
     path.call.recipe = [(tables, 0) if source == (tables, 1) else source for source in recipe]
-    with caplog.at_level(logging.WARNING, logger="batching.engine.runner"):
+    with caplog.at_level(logging.WARNING, logger="batching.engine.step_call"):
         outputs = run_with_late_arrivals(batcher, prompts[1:], caps[1:], late_from=2, join_at_step=0, ignore_eos=True)
     assert path.failed
     assert any("disagreed with its normal call" in record.getMessage() for record in caplog.records)

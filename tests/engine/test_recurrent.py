@@ -137,7 +137,7 @@ def test_a_later_chunk_that_restarts_from_zero_answers_differently(
             group.fresh = group.fresh or group.chunk
         return plan(groups)
 
-    monkeypatch.setattr("batching.engine.runner.StatePlan", every_chunk_fresh)
+    monkeypatch.setattr("batching.engine.step_builder.StatePlan", every_chunk_fresh)
     assert _differs("granitemoehybrid", family_model_dirs) > 0
 
 

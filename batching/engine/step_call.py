@@ -1,0 +1,178 @@
+"""How a built step runs: eager, through the compiled graphs (`torch.compile`'s entry in run-only mode), or its graph
+called directly (`direct_call`), and on a GPU a decode step replayed from its CUDA graph (`cuda_graphs`).
+
+What the step computes is `step_builder`'s; the caller only says which way it ran (`StepAnswer.path`) and keeps a
+compiled step's greedy choices, which the graph makes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from transformers import PreTrainedModel
+
+from batching.engine.attention import PackedPlan
+from batching.engine.compiled import Bucket, StepCompiler
+from batching.engine.cuda_graphs import DecodeGraphs, Outputs
+from batching.engine.direct_call import DirectCall, DirectPath, direct_calls_supported, watching_graph_calls
+from batching.engine.events import StepPath
+from batching.engine.kv_cache import PagedKVCache
+from batching.engine.sampling import greedy_list
+from batching.engine.step_inputs import StepInputs
+
+logger = logging.getLogger(__name__)
+
+# A step kind's first calls through a direct graph call also run through `torch.compile`: outputs and cache writes
+# must agree (`StepCaller._checked_direct`). Watched calls that give no recipe are tried this many times.
+DIRECT_CHECKS = 3
+DIRECT_TRIES = 8
+
+Step = Callable[..., object]  # a compiled forward: `step(model, **inputs)`
+
+
+@dataclass
+class StepAnswer:
+    """A step's logits `[rows, vocab]` in float32, its greedy choices when a graph made them, and how it ran."""
+
+    logits: torch.Tensor
+    greedy: list[int | None] | None
+    path: StepPath
+
+
+class StepCaller:
+    """Calls built steps over one model and cache."""
+
+    def __init__(self, model: PreTrainedModel, cache: PagedKVCache, cache_kwarg: str) -> None:
+        self.model = model
+        self.cache = cache
+        self.cache_kwarg = cache_kwarg
+        # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
+        self.placeholder_mask = torch.zeros((1, 1, 1, 1), dtype=model.dtype, device=model.device)
+
+    def kwargs(self, inputs: StepInputs) -> dict[str, Any]:
+        """The model's keyword arguments for `inputs`, its plans handed to the cache."""
+        inputs.bind(self.cache)
+        return inputs.forward_kwargs(self.cache, self.cache_kwarg, self.placeholder_mask)
+
+    def __call__(
+        self, inputs: StepInputs, step: Step | None = None, compiler: StepCompiler | None = None, trace: bool = False
+    ) -> StepAnswer:
+        """Run `inputs` eager (`step` None) or through `step`; with the step kind's `compiler`, through its graph
+        called directly once that call is made and checked. `trace`: this call makes the graph (sizes marked)."""
+        kwargs = self.kwargs(inputs)
+        rows = inputs.rows
+        if step is None:
+            output: Any = self.model(**kwargs)
+            return StepAnswer(output.logits[0, :rows].float(), None, "eager")
+        if trace:
+            inputs.mark_dynamic()
+        ran = None
+        if compiler is not None:
+            ran = self._direct(compiler.direct, step, inputs.roles(self.placeholder_mask, self.cache.pools()), kwargs)
+        if ran is None:
+            ran = self._through_graphs(step, kwargs)
+        (logits, greedy), path = ran
+        return StepAnswer(logits[:rows].float(), greedy_list(greedy[:rows]), path)
+
+    def replay(
+        self, graphs: DecodeGraphs, bucket: Bucket, values: list[list[Any]], rows: int
+    ) -> tuple[StepAnswer, PackedPlan] | None:
+        """A decode step replayed from the bucket's CUDA graph, once captured (None: not yet), and its attention
+        plan; its plans become the cache's, as a call's would."""
+        captured = graphs.replay(bucket, values)
+        if captured is None:
+            return None
+        self.cache.plan, plan = captured.plans
+        self.cache.attention_plan = plan
+        return _graph_answer(captured.outputs, rows, "direct"), plan  # no torch.compile entry
+
+    def capture(
+        self, graphs: DecodeGraphs, bucket: Bucket, inputs: StepInputs, sources: list[torch.Tensor], step: Step
+    ) -> StepAnswer:
+        """A decode step through `step`, captured as the bucket's CUDA graph (`sources`: the tensors the graph's
+        replays copy new values into)."""
+        assert isinstance(inputs.plan, PackedPlan)  # a decode step's
+        plan, kwargs = inputs.plan, self.kwargs(inputs)
+        with watching_graph_calls() as seen:  # none seen: the graphs' guards refused the step, it ran eager
+            outputs = graphs.capture(
+                bucket,
+                sources,
+                (inputs.cache_plan, plan),
+                lambda: cast(Outputs, step(self.model, **kwargs)),
+                self.cache.pools(),
+                inputs.cache_plan.slots,
+            )
+        return _graph_answer(outputs, inputs.rows, "compiled" if seen else "eager")
+
+    def _through_graphs(self, step: Step, kwargs: dict[str, Any]) -> tuple[Sequence[torch.Tensor], StepPath]:
+        """The step through `step` (the graphs in run-only mode, `StepCompiler.graphs_only`): "compiled" when a graph
+        ran, "eager" when none admitted the step and the model's own code ran."""
+        with watching_graph_calls() as seen:
+            outputs = cast(Sequence[torch.Tensor], step(self.model, **kwargs))
+        return outputs, "compiled" if seen else "eager"
+
+    def _direct(
+        self, path: DirectPath, step: Step, roles: list[torch.Tensor], kwargs: dict[str, Any]
+    ) -> tuple[Sequence[torch.Tensor], StepPath] | None:
+        """The step through its graph called directly once the call is made and checked; until then through
+        `torch.compile`, watched to make the call, then run both ways to check it. None: the normal call."""
+        if path.failed or self.cache.recurrent_states is not None:  # a hybrid's states are not checked: normal call
+            return None
+        if not direct_calls_supported(self.model.device):
+            return None
+        call = path.call
+        if call is None:
+            with watching_graph_calls() as seen:
+                outputs = cast(Sequence[torch.Tensor], step(self.model, **kwargs))
+            if not seen:  # no graph admitted the step: it ran eager, and says so; no recipe to make
+                return outputs, "eager"
+            path.call = DirectCall.of(step, *seen[0], roles) if len(seen) == 1 else None
+            if path.call is None:
+                path.tries += 1
+                path.failed = path.tries >= DIRECT_TRIES
+            return outputs, "compiled"
+        if call.roles != len(roles) or not call.admits(self.model, kwargs):
+            return None
+        if path.checked < DIRECT_CHECKS:
+            # The normal call's answer (its guards are the direct call's: it ran a graph).
+            return self._checked_direct(path, call, step, roles, kwargs), "compiled"
+        return call(roles), "direct"
+
+    def _checked_direct(
+        self, path: DirectPath, call: DirectCall, step: Step, roles: list[torch.Tensor], kwargs: dict[str, Any]
+    ) -> Sequence[torch.Tensor]:
+        """Run the step through `torch.compile`, then directly over the same inputs with the cache slots it wrote
+        overwritten with NaN: the direct call must give the same outputs (and no more: more would be what dynamo
+        does after the graph) and write the same slots. Else the direct call is dropped for good."""
+        normal = cast(Sequence[torch.Tensor], step(self.model, **kwargs))
+        slots = self.cache.plan.slots
+        pools = [pool.view(pool.shape[0], -1, pool.shape[-1]) for pool in self.cache.pools()]
+        written = [pool[:, slots].clone() for pool in pools]
+        for pool in pools:
+            pool[:, slots] = float("nan")
+        try:
+            direct = call(roles)
+            same = len(direct) == len(normal) == 2 and all(map(torch.equal, direct, normal))
+            same = same and all(torch.equal(pool[:, slots], kept) for pool, kept in zip(pools, written, strict=True))
+        except Exception as exc:  # any failure means: not this way
+            logger.debug("direct graph call failed", exc_info=exc)
+            same = False
+        if not same:
+            for pool, kept in zip(pools, written, strict=True):
+                pool[:, slots] = kept
+            path.failed = True
+            logger.warning("a compiled graph called directly disagreed with its normal call: normal calls from now on")
+        else:
+            path.checked += 1
+        return normal
+
+
+def _graph_answer(outputs: Outputs, rows: int, path: StepPath) -> StepAnswer:
+    """A graph's outputs as a compiled call's: greedy choices kept, the first `rows` rows' logits in float32, a copy
+    (the graph's next replay overwrites its outputs)."""
+    logits, greedy = outputs
+    return StepAnswer(logits[:rows].to(torch.float32, copy=True), greedy_list(greedy[:rows]), path)

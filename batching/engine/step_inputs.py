@@ -1,0 +1,106 @@
+"""One step's work as values: the rows' new tokens packed into one sequence, and the forward call built from them.
+
+`PackedStep` is what the rows ask for (tokens, positions, cache slots); `StepInputs` is one forward call of the
+model, whichever builder made it (`step_builder`) and however it will be called (`step_call`): the model's inputs,
+the cache's plan, the attention plan, the logits rows to keep, and the sizes a tracing call keeps symbolic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from batching.engine.attention import PLAN_KWARG, GroupedPlan, PackedPlan
+from batching.engine.kv_cache import PagedKVCache, StepPlan
+from batching.engine.mask_view import StepMask
+from batching.engine.recurrent import StatePlan
+
+Dims = list[tuple[torch.Tensor, int]]  # (tensor, dimension) pairs
+
+
+@dataclass
+class PackedStep:
+    """A step's new tokens, every row's packed into one sequence, and where each goes in the cache."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    write_slots: list[int] = field(default_factory=list)
+    write_columns: list[int] = field(default_factory=list)
+    last_token: list[int] = field(default_factory=list)  # per row: its last new token's packed index
+    singles: list[tuple[int, int]] = field(default_factory=list)  # (row, packed index): one new token
+    chunks: list[tuple[int, int, int]] = field(default_factory=list)  # (row, packed start, packed end): a prompt chunk
+
+    @property
+    def rows(self) -> int:
+        return len(self.last_token)
+
+    @property
+    def longest_chunk(self) -> int:
+        return max((end - start for _, start, end in self.chunks), default=0)
+
+
+@dataclass
+class StepInputs:
+    """One forward call: its tensors, the plans the cache and attention read, and what a tracing call marks."""
+
+    input_ids: torch.Tensor  # [1, tokens]
+    position_ids: torch.Tensor  # [1, tokens]
+    logits_to_keep: torch.Tensor | int  # the packed indices whose logits are kept (0: every token's)
+    cache_plan: StepPlan
+    plan: PackedPlan | GroupedPlan
+    rows: int  # the real rows: the first `rows` kept logits rows are the step's answer
+    state_plan: StatePlan | None = None  # a hybrid model's mixers' split (None: left as it is)
+    mask: StepMask | None = None  # the masks as the rows see them, when the batcher asks (`describe_masks`)
+    # Sizes kept symbolic when this call traces its graph: always, and where dynamo finds them not specialised.
+    dynamic: Dims = field(default_factory=list)
+    maybe_dynamic: Dims = field(default_factory=list)
+
+    def bind(self, cache: PagedKVCache) -> None:
+        """Hand the cache the plans its layers read during the forward."""
+        cache.plan, cache.attention_plan, cache.position_ids = self.cache_plan, self.plan, self.position_ids
+        if self.state_plan is not None and cache.recurrent_states is not None:
+            cache.recurrent_states.plan = self.state_plan
+
+    def forward_kwargs(self, cache: PagedKVCache, cache_kwarg: str, attention_mask: torch.Tensor) -> dict[str, Any]:
+        """The model's keyword arguments for this step: the one place a forward call is spelled out."""
+        return {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            "attention_mask": attention_mask,
+            cache_kwarg: cache,
+            "use_cache": True,
+            "logits_to_keep": self.logits_to_keep,
+            PLAN_KWARG: self.plan,
+        }
+
+    def roles(self, attention_mask: torch.Tensor, pools: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Every tensor the step passes, in a fixed order for the step's kind: what a graph called directly is
+        given (`direct_call`)."""
+        keep = [self.logits_to_keep] if isinstance(self.logits_to_keep, torch.Tensor) else []
+        head = [self.input_ids, self.position_ids, *keep, attention_mask]
+        return [*head, *tensors_of(self.cache_plan), *tensors_of(self.plan), *pools]
+
+    def mark_dynamic(self) -> None:
+        """Mark the sizes a tracing call keeps symbolic (one graph for every step of the kind)."""
+        for tensor, dim in self.dynamic:
+            torch._dynamo.mark_dynamic(tensor, dim)
+        for tensor, dim in self.maybe_dynamic:
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+def tensors_of(plan: object) -> list[torch.Tensor]:
+    """The tensors a step's plan holds (its dataclass fields, nested plans and lists of them)."""
+    found: list[torch.Tensor] = []
+    stack = [plan]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            stack += [getattr(item, spec.name) for spec in dataclasses.fields(item)]
+        elif isinstance(item, list | tuple):
+            stack += list(item)
+    return found

@@ -1,0 +1,75 @@
+"""Making a step kind's graph off the serving path: one traced step on a scratch runner of the batcher's shape, so
+the real batchers go on stepping on theirs while the graph is made (`compiled.StepCompiler` runs these)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+import batching.engine.paged_decode as paged_decode
+from batching.engine.compiled import Bucket
+from batching.engine.kv_cache import PagedKVCache
+from batching.engine.step_builder import StepBuilder
+from batching.engine.step_call import StepAnswer
+from batching.engine.step_inputs import PackedStep
+
+
+class Scratch(Protocol):
+    """What a warm-up needs of a runner: its cache and builder, and its two compiled step kinds, traced."""
+
+    cache: PagedKVCache
+    builder: StepBuilder
+    reads_through_tables: bool
+
+    def decode_with(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        slots: list[int],
+        step: Callable[..., object] | None,
+        bucket: Bucket | None,
+        trace: bool = False,
+    ) -> StepAnswer: ...
+
+    def mixed_with(self, step: Callable[..., object], packed: PackedStep, trace: bool = False) -> StepAnswer: ...
+
+
+# (rows, columns) -> a runner of the batcher's shape on a pool of its own, its rows claimed and cache allocated
+ScratchMaker = Callable[[int, int], Scratch]
+
+
+@torch.inference_mode()
+def warm_decode(make: ScratchMaker, forward: Callable[..., object], bucket: Bucket) -> None:
+    """Run one decode step of this shape through the compiled forward on a scratch runner, which makes its graph;
+    then one of every smaller row count a decode step may have (2 up: one row is padded to two), so a count the
+    graph's guards refuse gets a graph of its own now, never in a step. Most models' first graph takes them all."""
+    rows, columns = bucket
+    scratch = make(rows, columns)
+    if scratch.reads_through_tables:
+        paged_decode.load()  # before the graph is traced: the graph calls the operator from then on
+    scratch.cache.lengths[:rows] = [columns - 1] * rows
+    slots = [scratch.cache.slots(row, columns - 1, 1)[0] for row in range(rows)]
+    pad = scratch.builder.pad_token_id
+    scratch.decode_with([pad] * rows, [0] * rows, slots, forward, bucket, trace=True)
+    for count in range(2, rows):
+        scratch.decode_with([pad] * count, [0] * count, slots[:count], forward, (count, columns))
+
+
+@torch.inference_mode()
+def warm_mixed(make: ScratchMaker, capacity: int, forward: Callable[..., object], bucket: Bucket) -> None:
+    """Run one step with prompt chunks through the compiled forward on a scratch runner: single-token rows beside
+    a later chunk and a first one, every count distinct, so no two sizes are traced equal."""
+    _, columns = bucket
+    scratch = make(capacity, columns)
+    if scratch.reads_through_tables:
+        paged_decode.load()  # before the graph is traced, as for the decode graph
+    pad = scratch.builder.pad_token_id
+    scratch.cache.lengths[:capacity] = [columns // 2] * capacity
+    row_tokens: list[list[int]] = [[pad]] * max(min(capacity - 2, 3), 0) + [[pad] * 7]
+    if capacity > 1:
+        row_tokens.append([pad] * 5)
+        scratch.cache.lengths[len(row_tokens) - 1] = 0  # a first chunk
+    row_tokens += [[] for _ in range(capacity - len(row_tokens))]
+    scratch.mixed_with(forward, scratch.builder.pack(row_tokens), trace=True)
