@@ -1,0 +1,157 @@
+"""Steady traffic through the API: a fresh server, Poisson arrivals the moment it answers, latency by window.
+
+    python -m batching.bench.steady --rate 6 --seconds 180 [--model DIR] [--server-arg=--no-compile] [--json out.json]
+
+A server lives differently from a benchmark: it starts, and traffic never stops. This starts `python -m
+batching.serve` (on an empty compile cache unless `--warm-cache`), times how long it takes to answer, then sends the
+workload's prompts (cycled, each templated as the page does) at Poisson arrivals for `--seconds`, streamed, EOS
+ignored, each timed as `vllm bench serve` times it (`sweep_client`). It prints TPOT and TTFT p50 of the requests
+arriving in each window, and how the engine ran its steps meanwhile (`batchscope:engine_steps_total{path}`): a
+server whose graphs stop running under load shows its eager TPOT in the later windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from batching.arrivals import Schedule
+from batching.bench.local_server import LocalServer, ServerStartError
+from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.bench.workloads import load_workload, random_workload
+from config.settings import load_settings
+from model.prompting import format_prompt
+from utils.sweep import RequestTiming
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 3600.0  # a cold start makes every graph before it listens
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m batching.bench.steady", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="model folder (default: the server's, the embedded model)")
+    parser.add_argument("--workload", default="random", help="built-in name or 'random' (32 requests, seed --seed)")
+    parser.add_argument("--rate", type=float, default=6.0, help="Poisson arrivals per second (default 6)")
+    parser.add_argument("--seconds", type=float, default=180.0, help="how long arrivals go on (default 180)")
+    parser.add_argument("--window", type=float, default=30.0, help="seconds of arrivals per row (default 30)")
+    parser.add_argument("--seed", type=int, default=3, help="arrivals' and the random workload's seed")
+    parser.add_argument("--warm-cache", action="store_true", help="keep torch's compile cache (default: empty)")
+    parser.add_argument("--server-arg", action="append", default=[], help="passed to the server, e.g. --no-compile")
+    parser.add_argument("--json", type=Path, help="write the windows and step counts here")
+    return parser
+
+
+def bodies(workload_name: str, seed: int, count: int, model: str) -> list[dict]:
+    """`count` streamed greedy completions of the workload's prompts, cycled, templated as the page sends them."""
+    workload = random_workload(seed=seed) if workload_name == "random" else load_workload(workload_name)
+    prompt = load_settings().prompt
+    items = [workload.requests[index % len(workload.requests)] for index in range(count)]
+    texts = [format_prompt(item.prompt, prompt.system_prompt, prompt.template) for item in items]
+    return [
+        {**request_body(model, [], item.max_new_tokens or 128, ignore_eos=True), "prompt": text}
+        for item, text in zip(items, texts, strict=True)
+    ]
+
+
+def steps_by_path(url: str) -> dict[str, float]:
+    """`batchscope:engine_steps_total` by path, read from the server's /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "batchscope:engine_steps_total":
+                counts[sample.labels["path"]] = sample.value
+    return counts
+
+
+def windows(timings: Sequence[RequestTiming], window_s: float) -> list[dict]:
+    """TPOT and TTFT p50 (ms) of the served requests arriving in each `window_s` of the run, in order."""
+    served = [timing for timing in timings if timing.served]
+    if not served:
+        return []
+    start = min(timing.arrival for timing in timings)
+    rows: dict[int, list[RequestTiming]] = {}
+    for timing in served:
+        rows.setdefault(int((timing.arrival - start) // window_s), []).append(timing)
+    table = []
+    for index in sorted(rows):
+        tpots = [tpot for timing in rows[index] if (tpot := timing.tpot) is not None]
+        table.append(
+            {
+                "from_s": index * window_s,
+                "requests": len(rows[index]),
+                "tpot_p50_ms": 1000 * statistics.median(tpots) if tpots else None,
+                "ttft_p50_ms": 1000 * statistics.median(timing.ttft for timing in rows[index]),
+            }
+        )
+    return table
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    lines = ["| arrivals from (s) | requests | TPOT p50 (ms) | TTFT p50 (ms) |", "|---|---|---|---|"]
+    for row in rows:
+        tpot = "-" if row["tpot_p50_ms"] is None else f"{row['tpot_p50_ms']:.2f}"
+        lines.append(f"| {row['from_s']:.0f} | {row['requests']} | {tpot} | {row['ttft_p50_ms']:.0f} |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> dict:
+    count = max(1, round(args.rate * args.seconds))
+    model_args = ["--model", args.model] if args.model else []
+    with tempfile.TemporaryDirectory(prefix="batchscope-steady-") as workdir:
+        env = {} if args.warm_cache else {"BATCHSCOPE_ENGINE__COMPILE_CACHE_DIR": str(Path(workdir) / "compiled")}
+        command = [sys.executable, "-m", "batching.serve", "--host", "127.0.0.1", *model_args, *args.server_arg]
+        server = LocalServer("batchscope", command, env, Path(workdir) / "server.log", STARTUP_TIMEOUT_S, cwd=ROOT)
+        launched = time.perf_counter()
+        with server:
+            startup_s = time.perf_counter() - launched  # /health answers once the server listens
+            with urllib.request.urlopen(f"{server.url}/v1/models", timeout=10) as response:
+                model = json.load(response)["data"][0]["id"]
+            before = steps_by_path(server.url)
+            schedule = Schedule.poisson(count, args.rate, seed=args.seed)
+            timings, duration = run_remote_rate(server.url, bodies(args.workload, args.seed, count, model), schedule)
+            after = steps_by_path(server.url)
+    steps = {path: after.get(path, 0.0) - before.get(path, 0.0) for path in after}
+    return {
+        "startup_s": startup_s,
+        "rate": args.rate,
+        "requests": count,
+        "served": sum(timing.served for timing in timings),
+        "duration_s": duration,
+        "steps_by_path": steps,
+        "windows": windows(timings, args.window),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("rate", "seconds", "window"):
+        if getattr(args, name) <= 0:
+            print(f"steady: --{name}={getattr(args, name):g} is not allowed: must be > 0", file=sys.stderr)
+            return 2
+    try:
+        result = run(args)
+    except ServerStartError as exc:
+        print(f"steady: {exc}", file=sys.stderr)
+        return 1
+    print(f"server answered {result['startup_s']:.0f} s after it was launched")
+    print(f"{result['served']} of {result['requests']} requests served at {args.rate:g} req/s")
+    print("steps by path: " + ", ".join(f"{path} {int(n)}" for path, n in sorted(result["steps_by_path"].items())))
+    print(format_table(result["windows"]))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
