@@ -144,7 +144,14 @@ def wait_reasons_frame(runs: dict[str, RunRecord]) -> pd.DataFrame:
 
 def steps_kind(run: RunRecord) -> str:
     """How a run's steps ran, in a few words: eager, compiled, or where its decode steps switched (and how many of
-    its steps with prompt chunks ran compiled, when any did), so no figure is read without knowing which."""
+    its steps with prompt chunks ran compiled, when any did; how many called their graph directly, when any did), so
+    no figure is read without knowing which."""
+    direct = sum(event.path == "direct" for event in run.steps)
+    called = f" ({direct} of {len(run.steps)} steps called their graph directly)" if direct else ""
+    return _compiled_words(run) + called
+
+
+def _compiled_words(run: RunRecord) -> str:
     decode = [event for event in run.steps if event.decode_tokens and not event.prefill_tokens]
     prompt = [event for event in run.steps if event.prefill_tokens]
     compiled = [event for event in decode if event.compiled]

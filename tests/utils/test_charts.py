@@ -273,7 +273,7 @@ def test_steps_kind_says_which_steps_ran_compiled() -> None:
         record = RunRecord("continuous", start=0.0)
         for index, (prefill, compiled) in enumerate(steps):
             decode = 0 if prefill > 8 else 1
-            path = "direct" if compiled else "eager"
+            path = "compiled" if compiled else "eager"
             record.add(StepEvent(index, index, index + 1, ("a",), prefill, decode, path=path))
         return record
 
@@ -285,6 +285,15 @@ def test_steps_kind_says_which_steps_ran_compiled() -> None:
         == "compiled decode steps, 1 of 2 prompt steps compiled"
     )
     assert steps_kind(run((9, False), (4, True), (0, False))) == "eager decode steps, 1 of 2 prompt steps compiled"
+
+
+def test_steps_kind_says_how_many_steps_called_their_graph_directly() -> None:
+    from utils.metrics import steps_kind
+
+    record = RunRecord("continuous", start=0.0)
+    for index, path in enumerate(["eager", "compiled", "direct", "direct"]):
+        record.add(StepEvent(index, index, index + 1, ("a",), 9 if index == 0 else 0, 1, path=path))
+    assert steps_kind(record) == "compiled decode steps (2 of 4 steps called their graph directly)"
 
 
 def test_the_summary_counts_steps_by_how_they_ran() -> None:
