@@ -1,21 +1,19 @@
 """Calling a compiled step's graph without dynamo's frame, AOT's runtime wrappers and inductor's Python wrapper.
 
-Measured on the embedded model (1 thread, one row padded to two): a compiled call through `torch.compile`'s entry
-took 1.05 ms, the same graph called directly 0.86 ms. Dynamo's frame and AOT's wrappers cost 0.16 ms a call, and
-inductor's wrapper turned each of the 19 symbolic sizes into a new tensor (0.05 ms). Guards are not the cost:
-skipping their evaluation saved 0.01 ms.
+On a small model's decode step those layers are a fifth of the step's time (docs/benchmarks.md has the figures):
+dynamo's frame and AOT's wrappers, and inductor's wrapper turning each symbolic size into a new tensor. The guards
+are not the cost, and they still run.
 
 How a graph comes to be called directly:
 - **Capture.** One call through `torch.compile` is watched. Inductor's compiled graph (`CompiledFxGraph`) records
   the flat inputs it gets: the step's tensors, and the symbolic sizes as ints.
-- **Recipe.** Each tensor input is matched, by identity, to one of the step's tensors that the runner lists
-  ("roles"). Each size is matched to a dimension of the first tensor input after it: dynamo passes a new symbol
-  just before the first tensor that has it. An input that cannot be matched, or matched two ways, gives no recipe.
-- **Check.** The first calls run both ways, and their outputs and cache writes must be equal. The runner does
-  this (`ModelRunner._direct`).
+- **Recipe.** Each tensor input is matched, by identity, to one of the step's tensors (its "roles",
+  `StepInputs.roles`). Each size is matched to a dimension of the first tensor input after it: dynamo passes a new
+  symbol just before the first tensor that has it. An input that cannot be matched, or matched two ways: no recipe.
+- **Check.** The first calls run both ways, and their outputs and cache writes must be equal. The caller does
+  this (`step_call.StepCaller._checked_direct`).
 
-Dynamo's guards still run (its own check of the graph's one cache entry: 70-100 us a decode step in whole runs,
-where every step's inputs are new objects; 15 us when the same inputs repeat): a step they refuse (a history
+Dynamo's guards still run (its own check of the graph's one cache entry): a step they refuse (a history
 past a sliding window the graph branched on, a global flag switched) takes the normal call, which re-traces or
 fails as before. What is skipped is dynamo's frame, its bytecode around the graph (after the graph it only resets
 transformers' output-capture variable, which stays reset) and the wrappers; a graph with outputs beyond the step's
