@@ -69,9 +69,8 @@ def weights_digest(model: torch.nn.Module) -> str:
     for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers()):
         digest.update(f"{name} {tuple(tensor.shape)} {tensor.dtype}\n".encode())
         if tensor.numel():
-            digest.update(
-                torch.hash_tensor(tensor.detach()).view(torch.int64).item().to_bytes(8, "little", signed=True)
-            )
+            value = int(torch.hash_tensor(tensor.detach()).view(torch.int64).item())  # its 64 bits, signed
+            digest.update(value.to_bytes(8, "little", signed=True))
     return digest.hexdigest()
 
 
