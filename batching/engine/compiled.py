@@ -37,7 +37,14 @@ import torch.fx.experimental._config as fx_config
 from transformers import PreTrainedModel
 
 from batching.engine.direct_call import DirectPath
-from batching.engine.graph_cache import GraphCacheKey, cache_hits, check_against_eager, clear_cache, graph_cache_key
+from batching.engine.graph_cache import (
+    GraphCacheKey,
+    cache_frozen_mkldnn_weights,
+    cache_hits,
+    check_against_eager,
+    clear_cache,
+    graph_cache_key,
+)
 from batching.engine.sampling import greedy_choices
 
 logger = logging.getLogger(__name__)
@@ -78,9 +85,6 @@ COMPILE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     # On a GPU, inductor's matmul padding pass specialised the symbolic column count to a constant (64) and the
     # compile failed (H100, torch 2.11); the pass does nothing on a CPU.
     "shape_padding": False,
-    # MKL-DNN's packed weights cannot be pickled: inductor keeps no graph that holds them on disk, so every start
-    # compiled again. Without them the C++ GEMM templates (autotuned) or plain matmuls take the linear layers.
-    "cpp.weight_prepack": False,
 }
 # On a GPU the decode graph is replayed from CUDA graphs (`cuda_graphs`), so its wrapper runs only while one is
 # captured: inductor's Python wrapper, which needs no C++ compile. The prompt-step graph, launched every step, keeps the
@@ -186,6 +190,7 @@ def compiled_forward(model: PreTrainedModel, autotune: bool, kind: StepKind = "d
             run = types.FunctionType(code, _run_model.__globals__, code.co_name)
             options = {**COMPILE_OPTIONS, **(AUTOTUNE_OPTIONS if autotune else {})}
             options["post_grad_custom_post_pass"] = GraphCacheKey(graph_cache_key(model))  # see `graph_cache`
+            cache_frozen_mkldnn_weights()
             if model.device.type == "cuda" and kind == "decode":
                 options.update(CUDA_DECODE_OPTIONS)
             # Not bound to the model (it is passed at each call): the weak dictionary does not keep its own key alive.

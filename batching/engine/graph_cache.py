@@ -1,13 +1,18 @@
 """What a compiled graph kept on disk was made for, and what happens when one read back cannot be trusted.
 
 Inductor keeps each compiled graph (its C++ wrapper and kernels) in its FX graph cache, under a key of the traced
-graph, its config and torch's own source. A frozen graph's weights are constants of the graph, and for them the key
-holds only shapes and dtypes (their values are read from the model being compiled when a graph is loaded), while
-constants the lowering derives from them (the C++ GEMM templates' packed weights) are stored with the graph. So
-a graph cached for one model would be loaded for another of the same shapes, with the first one's packed weights.
+graph, its config and torch's own source. A frozen graph's weights are constants of the graph: the key describes
+them by shape and dtype only, and a graph loaded from the cache takes their values from the graph being compiled;
+constants the lowering derives from them (the C++ GEMM templates' packed weights) are stored with the graph. So a
+graph cached for one model would be loaded for another of the same shapes, with the first one's packed weights.
 `GraphCacheKey`, a pass that changes nothing, puts what the graph was made for into that key: the model (its
 config and a digest of every weight), its dtype and device, torch's version, the CPU's instruction set, and a
 digest of the engine's own code. A graph made for anything else is a miss, and is compiled.
+
+Inductor bypassed its cache for our graphs ("mkldnn tensors unpickleable": freezing packs the linear layers'
+weights for MKL-DNN), so until `cache_frozen_mkldnn_weights` every start compiled every graph again. What a
+second start still does: dynamo and AOT autograd trace the step and freezing runs (AOT autograd's own cache is
+off for frozen graphs), then the lowering, the C++ builds and the kernels' timing come from the disk.
 
 A graph read back from the cache is checked: its first step is run eager too and the logits must agree
 (`check_against_eager`). A cached graph that fails to load or disagrees is not used: the cache folder is cleared
@@ -92,6 +97,42 @@ def graph_cache_key(model: PreTrainedModel) -> str:
         f"weights {weights}",
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+# Inductor's internals patched by `cache_frozen_mkldnn_weights` were read on torch 2.13 (CPU build) only.
+CHECKED_TORCH = "2.13"
+
+
+def cache_frozen_mkldnn_weights() -> None:
+    """Let inductor keep on disk a frozen graph that holds MKL-DNN packed weights (once per process).
+
+    Freezing packs each linear layer's weight for MKL-DNN (and the C++ GEMM templates that the autotuner picks are
+    offered only then); the packed weights are constants of the graph that cannot be pickled, so inductor bypassed
+    its cache for every such graph and each start compiled again. It never needs to pickle them: they are frozen
+    parameters, which a cached graph does not store but takes from the graph being compiled when it is loaded (the
+    start's own freezing packs them again), and which its key describes by shape only. This lets its check and its
+    key do for packed weights what they do for other frozen ones; `GraphCacheKey` adds the weights' digest.
+    """
+    from torch._inductor import codecache
+    from torch._inductor.freezing_utils import is_frozen_param
+
+    validator, pickler = codecache.CacheabilityValidator, codecache.FxGraphCachePickler
+    check_tensor, reduce_tensor = validator.check_tensor, pickler._reduce_tensor
+    if getattr(check_tensor, "batchscope", False) or not torch.__version__.startswith(CHECKED_TORCH):
+        return
+
+    def check_frozen_mkldnn(tensor: torch.Tensor) -> None:
+        if not (tensor.is_mkldnn and is_frozen_param(tensor)):
+            check_tensor(tensor)
+
+    def reduce_frozen_mkldnn(self: Any, tensor: torch.Tensor) -> Any:
+        if tensor.is_mkldnn and is_frozen_param(tensor):
+            return (codecache._ident, (("frozen mkldnn", str(tensor.dtype), tuple(tensor.shape)),))
+        return reduce_tensor(self, tensor)
+
+    check_frozen_mkldnn.batchscope = True  # type: ignore[attr-defined]
+    validator.check_tensor = staticmethod(check_frozen_mkldnn)  # type: ignore[method-assign,assignment]
+    pickler._reduce_tensor = reduce_frozen_mkldnn  # type: ignore[method-assign,assignment]
 
 
 def cache_hits() -> int:
