@@ -37,6 +37,14 @@ import torch.fx.experimental._config as fx_config
 from transformers import PreTrainedModel
 
 from batching.engine.direct_call import DirectPath
+from batching.engine.graph_cache import (
+    GraphCacheKey,
+    cache_frozen_mkldnn_weights,
+    cache_hits,
+    check_against_eager,
+    clear_cache,
+    graph_cache_key,
+)
 from batching.engine.sampling import greedy_choices
 
 logger = logging.getLogger(__name__)
@@ -181,6 +189,8 @@ def compiled_forward(model: PreTrainedModel, autotune: bool, kind: StepKind = "d
             code = _run_model.__code__.replace(co_name=f"_run_model_{next(_model_numbers)}")
             run = types.FunctionType(code, _run_model.__globals__, code.co_name)
             options = {**COMPILE_OPTIONS, **(AUTOTUNE_OPTIONS if autotune else {})}
+            options["post_grad_custom_post_pass"] = GraphCacheKey(graph_cache_key(model))  # see `graph_cache`
+            cache_frozen_mkldnn_weights()
             if model.device.type == "cuda" and kind == "decode":
                 options.update(CUDA_DECODE_OPTIONS)
             # Not bound to the model (it is passed at each call): the weak dictionary does not keep its own key alive.
@@ -370,15 +380,34 @@ class StepCompiler:
 
     def _make(self, bucket: Bucket | None = None) -> None:
         """Trace and compile through one step of `bucket` (default: every slot, two column steps); the first time,
-        the graph is ready after it, or failed; a re-make adds a graph beside the ready one."""
+        the graph is ready after it, or failed; a re-make adds a graph beside the ready one. A graph read from the
+        disk cache that cannot be loaded, or whose first step disagrees with eager, is compiled afresh."""
         self._started = True
         remaking = self._ready.is_set()
         start = time.perf_counter()
+        hits = cache_hits()
         try:
-            # Freezing folds the weights into the graph only if dynamo records them as the model's parameters.
-            # No duck shaping: rows and blocks equal when the graph is traced (4 and 4) must not become one symbol.
-            with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
-                self._warm(self.forward, bucket or (self.capacity, 2 * self.column_step))
+            try:
+                self._trace(bucket)
+            except Exception as exc:
+                if cache_hits() == hits:
+                    raise
+                first_line = (str(exc).strip().splitlines() or [""])[0]
+                logger.warning(
+                    "the %s's graph read from the compile cache could not be used (%s: %s): the cache is cleared "
+                    "and the graph compiled afresh",
+                    self.what,
+                    type(exc).__name__,
+                    first_line,
+                )
+                # The graph dynamo installed from it is dropped too (the ready one with it, when remaking: made again).
+                code = getattr(getattr(self.forward, "_torchdynamo_orig_callable", None), "__code__", None)
+                if code is not None:
+                    torch._dynamo.reset_code(code)
+                clear_cache()
+                self._trace(bucket)
+                if remaking and bucket is not None:
+                    self._trace(None)
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
             if remaking:  # the graph made before keeps running what it admits; no more tries
                 self.remakes = MAX_REMAKES + 1
@@ -388,12 +417,22 @@ class StepCompiler:
             self.fail(exc, f"compiling the {self.what} failed")
             return
         seconds = time.perf_counter() - start
+        source = "read from the compile cache" if cache_hits() > hits else "compiled"
         if remaking:
-            logger.info("%ss of %d rows made again in %.1f s", self.what, self.capacity, seconds)
+            logger.info("%ss of %d rows made again in %.1f s (%s)", self.what, self.capacity, seconds, source)
             return
         self.compile_s = seconds
         self._ready.set()
-        logger.info("%ss of %d rows compiled in %.1f s", self.what, self.capacity, self.compile_s)
+        logger.info("%ss of %d rows %s in %.1f s", self.what, self.capacity, source, self.compile_s)
+
+    def _trace(self, bucket: Bucket | None) -> None:
+        """One step of `bucket` through the compiled forward (which makes its graph, or reads it from the disk cache
+        and checks it against eager)."""
+        forward = check_against_eager(self.forward, _run_model)
+        # Freezing folds the weights into the graph only if dynamo records them as the model's parameters.
+        # No duck shaping: rows and blocks equal when the graph is traced (4 and 4) must not become one symbol.
+        with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+            self._warm(forward, bucket or (self.capacity, 2 * self.column_step))
 
     @property
     def what(self) -> str:

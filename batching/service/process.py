@@ -23,6 +23,7 @@ import batching.engine.paged_decode as paged_decode
 from batching.engine.batcher import Batcher
 from batching.engine.compiled import StepCompiler, pause_compiles, use_compile_cache
 from batching.engine.geometry import PoolGeometry
+from batching.engine.graph_cache import cache_hits
 from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
@@ -134,7 +135,8 @@ def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str
     """Make everything compiled that a batcher with `options` will use, in this thread, before the engine says it is
     ready (vLLM compiles and captures at start too): the paged-decode operator, the decode steps' graph and the
     prompt steps' graph, each said with its time. The first start compiles (minutes, with kernels timed); a later
-    one finds the graphs in the disk cache. One that cannot be made is said, and its steps stay eager.
+    one reads the graphs from the disk cache (said on their lines) after tracing the steps again. One that cannot be
+    made is said, and its steps stay eager.
     """
     # The graphs do not depend on the pool's size (they are traced on a scratch pool): the smallest will do.
     small = dataclasses.replace(options, kv_blocks=options.max_batch_size, kv_cache_tokens=None, kv_cache_mb=None)
@@ -150,9 +152,11 @@ def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str
     for number, (what, make) in enumerate(parts, 1):
         bar = "#" * (number - 1) + "." * (len(parts) - number + 1)
         say(f"compiling [{bar}] {number}/{len(parts)}: {what}")
-        start = time.perf_counter()
+        start, hits = time.perf_counter(), cache_hits()
         made = make()
         outcome = f"in {time.perf_counter() - start:.1f} s" if made else "failed: its steps run eager (see the log)"
+        if made and cache_hits() > hits:
+            outcome += " (read from the compile cache)"
         say(f"compiled  [{'#' * number}{'.' * (len(parts) - number)}] {number}/{len(parts)}: {what} {outcome}")
     if parts:
         say(f"compiled steps ready in {time.perf_counter() - started:.1f} s")

@@ -1,15 +1,12 @@
 """Compiled decode steps: token for token equal to `generate`, one graph with no graph breaks, the engine
-answering while the graph is made, a second start finding the graph in the on-disk cache, a ready graph running
-while another is made and a step its guards refuse running eager while the graph is made again in the background
-(no step ever compiles), and a graph that cannot be made, or fails at run time, leaving the steps eager without
-failing a request."""
+answering while the graph is made, a ready graph running while another is made and a step its guards refuse
+running eager while the graph is made again in the background (no step ever compiles), and a graph that cannot be
+made, or fails at run time, leaving the steps eager without failing a request. The disk cache: test_graph_cache."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -197,35 +194,6 @@ def test_a_background_compile_sleeps_while_compiles_are_paused_then_finishes(
         pause_compiles(False)
     compiler._thread.join(600)
     assert compiler.ready and not compiler.failed
-
-
-_SECOND_START = """
-import json, sys, torch
-sys.path.insert(0, {root!r})
-torch.set_num_threads(1)
-from batching.engine.compiled import use_compile_cache
-use_compile_cache(__import__("pathlib").Path({cache!r}))
-from batching.engine.runner import DIRECT_CHECKS, ModelRunner
-from tests.engine.helpers import loaded
-model = loaded({folder!r}).model
-runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=True, compile_autotune=False)
-print(json.dumps(runner.compiler.compile_now()))
-"""
-
-
-def test_a_second_start_compiles_faster_from_the_on_disk_cache(tiny_model_dirs, tmp_path: Path) -> None:
-    script = _SECOND_START.format(root=str(ROOT), cache=str(tmp_path / "cache"), folder=str(tiny_model_dirs["llama"]))
-
-    def start() -> float:
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
-        seconds = json.loads(done.stdout.strip().splitlines()[-1])
-        assert seconds is not None, done.stderr[-2000:]
-        return float(seconds)
-
-    first = start()
-    assert any((tmp_path / "cache").iterdir())  # the graphs went to the folder given, not the default one
-    second = start()
-    assert second < first, f"second start compiled in {second:.1f} s, the first in {first:.1f} s"
 
 
 def test_compiled_steps_are_off_unless_asked() -> None:

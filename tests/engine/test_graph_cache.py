@@ -1,0 +1,152 @@
+"""The disk cache of compiled graphs: a second start reads its graphs instead of compiling them (counted, not
+timed), a graph made for other weights, another dtype or other engine code is a miss, and a cache that cannot be
+trusted (files garbled, a graph that disagrees with eager) is cleared and compiled afresh, never answered from."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+import batching.engine.graph_cache as graph_cache
+from batching.engine.compiled import StepCompiler, _run_model
+from batching.engine.graph_cache import graph_cache_key
+from tests.engine.helpers import loaded
+from tests.helpers import ROOT
+from tests.tiny_models import TINY_CONFIGS
+
+# One start of a process: the decode graph of a 2-slot runner made through the cache in `cache`, then a decode step
+# compiled and eager; prints the graphs read from the cache and compiled, and both steps' logits.
+_START = """
+import json, sys, torch
+sys.path.insert(0, {root!r})
+torch.set_num_threads(1)
+from batching.engine.compiled import use_compile_cache
+use_compile_cache(__import__("pathlib").Path({cache!r}))
+from batching.engine.graph_cache import cache_hits, cache_misses
+from batching.engine.runner import ModelRunner
+from tests.engine.helpers import loaded
+model = loaded({folder!r}).model
+
+def last_logits(compiled):
+    runner = ModelRunner(model, capacity=2, max_len=64, pad_token_id=0, compile_steps=compiled, compile_autotune=False)
+    if compiled:
+        assert runner.compiler.compile_now() is not None
+    for row in range(2):
+        runner.claim(f"r{{row}}")
+    runner.forward([[1, 2, 3], [4, 5]])
+    return runner.forward([[7], [8]]).tolist()
+
+compiled = last_logits(True)
+print(json.dumps({{"hits": cache_hits(), "misses": cache_misses(), "compiled": compiled, "eager": last_logits(False)}}))
+"""
+
+
+def start(folder: Path, cache: Path) -> dict[str, Any]:
+    """A fresh process making the graph through `cache`: its counts and logits (see `_START`)."""
+    script = _START.format(root=str(ROOT), cache=str(cache), folder=str(folder))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["log"] = done.stderr
+    return result
+
+
+def answers_as_eager(result: dict[str, Any]) -> None:
+    torch.testing.assert_close(torch.tensor(result["compiled"]), torch.tensor(result["eager"]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def other_weights(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama's folder with other weights (same config and shapes)."""
+    folder = tmp_path_factory.mktemp("other-weights") / "llama"
+    shutil.copytree(tiny_model_dirs["llama"], folder)
+    torch.manual_seed(1)
+    LlamaForCausalLM(TINY_CONFIGS["llama"]).save_pretrained(folder)
+    return folder
+
+
+def test_a_second_start_reads_its_graph_from_the_disk_cache_and_a_model_with_other_weights_compiles_its_own(
+    tiny_model_dirs: dict[str, Path], other_weights: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    first = start(tiny_model_dirs["llama"], cache)
+    assert first["hits"] == 0 and first["misses"] >= 1
+    second = start(tiny_model_dirs["llama"], cache)
+    assert second["hits"] >= 1 and second["misses"] == 0, second["log"][-3000:]
+    answers_as_eager(second)
+    torch.testing.assert_close(torch.tensor(second["compiled"]), torch.tensor(first["compiled"]), atol=1e-5, rtol=0)
+    # Same config and shapes, other weights: inductor's own key would take the first model's graph.
+    other = start(other_weights, cache)
+    assert other["hits"] == 0 and other["misses"] >= 1
+    answers_as_eager(other)
+
+
+def test_a_cache_with_garbled_files_is_cleared_and_the_graph_compiled_afresh(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    start(tiny_model_dirs["llama"], cache)
+    garbled = 0
+    for path in cache.rglob("*"):
+        if path.is_file() and path.suffix in (".so", ".py", ""):  # built wrappers and kernels, graphs' sources, entries
+            path.write_bytes(b"\0garbled" * 8)
+            garbled += 1
+    assert garbled
+    after = start(tiny_model_dirs["llama"], cache)
+    assert after["misses"] >= 1, after["log"][-3000:]
+    answers_as_eager(after)
+    again = start(tiny_model_dirs["llama"], cache)  # what the rebuild wrote is read back
+    assert again["hits"] >= 1 and again["misses"] == 0, again["log"][-3000:]
+    answers_as_eager(again)
+
+
+def test_a_cached_graph_that_disagrees_with_eager_is_dropped_and_compiled_afresh(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    (tmp_path / "planted").write_text("an entry of the cache")
+    model = loaded(str(tiny_model_dirs["llama"])).model
+    calls: list[str] = []
+
+    def forward(model: LlamaForCausalLM, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, greedy = _run_model(model, **inputs)
+        if not calls:  # the first: "read from the cache", and wrong
+            graph_cache.counters["inductor"]["fxgraph_cache_hit"] += 1
+            calls.append("cached")
+            return logits + 10.0, greedy
+        calls.append("compiled")
+        return logits, greedy
+
+    def warm(step: Any, bucket: tuple[int, int]) -> None:
+        with torch.inference_mode():
+            step(model, input_ids=torch.tensor([[1, 2, 3]]))
+
+    compiler = StepCompiler(model, 2, 16, False, warm)
+    compiler.forward = forward
+    with caplog.at_level(logging.WARNING, logger="batching.engine.compiled"):
+        assert compiler.compile_now() is not None
+    assert compiler.ready and not compiler.failed
+    assert calls == ["cached", "compiled"]
+    assert not (tmp_path / "planted").exists()
+    assert any("could not be used" in record.getMessage() for record in caplog.records)
+
+
+def test_the_key_changes_with_the_weights_the_dtype_and_the_engine_code_but_not_with_a_reload(
+    tiny_model_dirs: dict[str, Path], other_weights: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = str(tiny_model_dirs["llama"])
+    key = graph_cache_key(loaded(folder).model)
+    assert graph_cache_key(loaded(folder).model) == key
+    assert graph_cache_key(loaded(str(other_weights)).model) != key
+    assert graph_cache_key(loaded(folder, dtype="bfloat16").model) != key
+    monkeypatch.setattr(graph_cache, "engine_code_digest", lambda: "other code")
+    assert graph_cache_key(loaded(folder).model) != key
