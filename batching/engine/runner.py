@@ -288,7 +288,8 @@ class ModelRunner:
         compiler = self.mixed_compiler
         if compiler is None or self.compiler is None or not self.compiler.ready or not packed.chunks:
             return None
-        if not fits_prompt_graph(len(packed.input_ids), max(end - start for _, start, end in packed.chunks)):
+        longest = max(end - start for _, start, end in packed.chunks)
+        if not fits_prompt_graph(len(packed.input_ids), longest, self._reading_through_tables()):
             return None
         if not self.cache.initialized_layers():  # a first step that allocates the cache: eager
             return None
