@@ -138,8 +138,8 @@ class EngineSettings(BaseModel):
     )
     compile_prompt_steps: bool = Field(
         True,
-        description="with compile_steps, also compile steps with prompt chunks (up to 128 tokens; a second graph,"
-        " made when the first such step asks)",
+        description="with compile_steps, also compile steps with prompt chunks (every one where attention reads"
+        " through the block tables, else up to 128 tokens; a second graph, made when the first such step asks)",
     )
     compile_autotune: bool = Field(
         True,

@@ -52,21 +52,27 @@ logger = logging.getLogger(__name__)
 Bucket = tuple[int, int]  # (rows, cached columns) of a padded decode step
 KV_STEP = 32  # columns are rounded up to this: never 0 or 1 (sizes the compiler would specialise on)
 StepKind = Literal["decode", "mixed"]  # every row one token; or prompt chunks (beside decode rows or not)
-# Which steps with prompt chunks go through their graph (`fits_prompt_graph`): up to MIXED_MAX_TOKENS tokens in
-# all, or any number (up to the step budget) of chunks none longer than MIXED_MAX_CHUNK. What loses is a long
-# chunk: its queries are padded into a group of at least two rows, and its attention runs on a full mask. Measured
-# (1 thread, one step alone, compiled against eager, 2026-11-26): on the embedded model (autotuned) one
-# 300-token chunk 42.1 against 32.2 ms, 7 decode rows + 200 tokens 31.0 against 24.3, but eight 39-token first
-# chunks (312 tokens) 25.8 against 27.9 and eight of 64 (512) 38.9 against 39.5; on the 0.5B-shaped model
-# (untimed kernels) eight 39-token chunks 1,483 against 1,620 ms, 7 + 40 325 against 407.
+# Which steps with prompt chunks go through their graph (`fits_prompt_graph`). Where attention reads the pools
+# through the block tables (`paged_decode`: every new token a query row of its own, nothing padded), every step:
+# measured at the 0.5B shape (4 of its layers, AMD EPYC, 2026-11-27, a machine loaded to 8-10, min of 4-6 alternating
+# pairs), the graph against eager at 2 threads: one 400-token chunk 1.55 against 3.00 s, three of 170 2.49 against
+# 3.52, eight of 60 1.60 against 2.90, 7 decode rows + 200 0.98 against 1.38; at 1 thread 1.23-1.75x (its fused
+# norms, rotary and residual adds replace a dozen eager passes over the tokens a layer, and its linears read
+# weights packed for oneDNN). Elsewhere (the gathered groups) up to MIXED_MAX_TOKENS tokens in all, or any number
+# (up to the step budget) of chunks none longer than MIXED_MAX_CHUNK. What loses there is a long chunk: its queries
+# are padded into a group of at least two rows, and its attention runs on a full mask. Measured (1 thread, one step
+# alone, compiled against eager, 2026-11-26): on the embedded model (autotuned) one 300-token chunk 42.1 against
+# 32.2 ms, 7 decode rows + 200 tokens 31.0 against 24.3, but eight 39-token first chunks (312 tokens) 25.8 against
+# 27.9 and eight of 64 (512) 38.9 against 39.5.
 MIXED_MAX_TOKENS = 128
 MIXED_MAX_CHUNK = 64
 
 
-def fits_prompt_graph(tokens: int, longest_chunk: int) -> bool:
+def fits_prompt_graph(tokens: int, longest_chunk: int, through_tables: bool = False) -> bool:
     """Whether a step with prompt chunks of `tokens` new tokens in all, its longest chunk `longest_chunk`, goes
-    through the prompt-step graph (else eager)."""
-    return tokens <= MIXED_MAX_TOKENS or longest_chunk <= MIXED_MAX_CHUNK
+    through the prompt-step graph (else eager). `through_tables`: its attention reads the pools through the block
+    tables, one query row per token, so no chunk is padded and every step does."""
+    return through_tables or tokens <= MIXED_MAX_TOKENS or longest_chunk <= MIXED_MAX_CHUNK
 
 
 # Measured on the embedded model, 8 rows over 100 cached tokens, 1 thread, against raw matmuls over the same

@@ -242,7 +242,8 @@ class ModelRunner:
         compiler = self.mixed_compiler
         if compiler is None or self.compiler is None or not self.compiler.ready or not packed.chunks:
             return None
-        if not fits_prompt_graph(len(packed.input_ids), packed.longest_chunk):
+        reading_tables = self.reads_through_tables and paged_decode.ready()
+        if not fits_prompt_graph(len(packed.input_ids), packed.longest_chunk, reading_tables):
             return None
         if not self.cache.initialized_layers():  # a first step that allocates the cache: eager
             return None

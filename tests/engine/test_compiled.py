@@ -87,7 +87,14 @@ def test_the_prompt_graph_takes_small_steps_and_many_short_chunks_but_not_a_long
     assert not fits_prompt_graph(129, 65) and not fits_prompt_graph(207, 200) and not fits_prompt_graph(300, 300)
 
 
-def test_a_wave_of_short_prompts_goes_through_the_prompt_graph_and_a_long_chunk_runs_eager(tiny_model_dirs) -> None:
+def test_the_prompt_graph_takes_every_step_whose_attention_reads_through_the_tables() -> None:
+    for tokens, longest in [(47, 40), (129, 65), (207, 200), (300, 300), (512, 505)]:
+        assert fits_prompt_graph(tokens, longest, through_tables=True)
+
+
+def test_prompts_short_and_long_go_through_the_prompt_graph_when_attention_reads_through_the_tables(
+    tiny_model_dirs,
+) -> None:
     # Qwen2: graphs made in this process stay in inductor's memory, and the test below times a compile of the llama.
     model = loaded(str(tiny_model_dirs["qwen2"]))
     options = BatcherOptions(
@@ -102,20 +109,20 @@ def test_a_wave_of_short_prompts_goes_through_the_prompt_graph_and_a_long_chunk_
     runner = batcher.runner
     assert runner.compiler is not None and runner.mixed_compiler is not None
     assert runner.compiler.compile_now() is not None and runner.mixed_compiler.compile_now() is not None
-    batcher.add([5, 6, 7], RequestParams(2, ignore_eos=True))  # a first step: eager where it allocates the cache
-    list(batcher.run())
+    assert runner._reading_through_tables()  # the graphs' compile loaded the paged-decode operator
     rng_prompts = random_prompts(8, vocab=300, seed=21, longest=2)
     waves = {
         "four 40-token prompts (160 tokens)": [[*p, *range(10, 49)] for p in rng_prompts[:4]],
         "a 100-token prompt beside three of 20": [[*rng_prompts[4], *range(10, 109)]]
         + [[*p, *range(50, 69)] for p in rng_prompts[5:]],
+        "one 200-token prompt": [[*rng_prompts[0], *range(20, 219)]],
     }
-    for wave, compiled in zip(waves.values(), (True, False), strict=True):
+    for wave in waves.values():
         requests = [batcher.add(prompt, RequestParams(6, ignore_eos=True)) for prompt in wave]
         events = list(batcher.run())
         admission = next(event for event in events if isinstance(event, StepEvent))
         assert admission.prefill_tokens == sum(len(prompt) for prompt in wave)  # every prompt whole, in one step
-        assert admission.compiled is compiled
+        assert admission.compiled
         for request, prompt in zip(requests, wave, strict=True):
             assert request.output_ids == reference(model.model, prompt, 6, ignore_eos=True)
     assert not runner.mixed_compiler.failed
