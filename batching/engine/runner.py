@@ -119,6 +119,10 @@ class ModelRunner:
     def describe_masks(self, describe: bool) -> None:
         self.builder.describe = describe
 
+    def _reading_tables(self) -> bool:
+        """Whether this step's attention reads the pools through the block tables (`paged_decode`, once loaded)."""
+        return self.reads_through_tables and paged_decode.ready()
+
     # --- cache rows: the runner is the only way into the cache -------------------------------------------------
     def claim(self, request_id: str, computed: int = 0) -> int:
         """Give a request the next free cache row; its first `computed` tokens are in its blocks already."""
@@ -210,7 +214,7 @@ class ModelRunner:
                 answer, plan = replayed
                 self.last_mask = self.builder.describe_decode(plan, rows)
                 return answer
-        inputs, sources = self.builder.decode(values, rows, self.reads_through_tables and paged_decode.ready())
+        inputs, sources = self.builder.decode(values, rows, self._reading_tables())
         self.last_mask = inputs.mask
         if graphs is not None and bucket is not None and step is not None:
             return self.caller.capture(graphs, bucket, inputs, sources, step)
@@ -242,8 +246,7 @@ class ModelRunner:
         compiler = self.mixed_compiler
         if compiler is None or self.compiler is None or not self.compiler.ready or not packed.chunks:
             return None
-        reading_tables = self.reads_through_tables and paged_decode.ready()
-        if not fits_prompt_graph(len(packed.input_ids), packed.longest_chunk, reading_tables):
+        if not fits_prompt_graph(len(packed.input_ids), packed.longest_chunk, self._reading_tables()):
             return None
         if not self.cache.initialized_layers():  # a first step that allocates the cache: eager
             return None
@@ -251,8 +254,7 @@ class ModelRunner:
 
     def _mixed_eager(self, packed: PackedStep) -> StepAnswer:
         """A step with prompt chunks, eager: through the tables once the operator is loaded, else gathered."""
-        reading_tables = self.reads_through_tables and paged_decode.ready()
-        inputs = self.builder.through_tables(packed) if reading_tables else self.builder.gathered(packed)
+        inputs = self.builder.through_tables(packed) if self._reading_tables() else self.builder.gathered(packed)
         self.last_mask = inputs.mask
         return self.caller(inputs)
 
@@ -261,7 +263,7 @@ class ModelRunner:
         rounded up to the graph's step) once the operator is loaded, else as two padded groups."""
         reach = self.builder.reach(packed)
         columns = self.mixed_compiler.columns(reach) if self.mixed_compiler is not None else reach
-        if self.reads_through_tables and paged_decode.ready():
+        if self._reading_tables():
             inputs = self.builder.through_tables(packed, columns)
         else:
             inputs = self.builder.grouped(packed, columns)
