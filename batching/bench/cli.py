@@ -61,6 +61,7 @@ from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request
 from batching.engine.scheduler import ADMISSIONS, POLICIES
+from batching.engine.threads import pick_threads, torch_threads
 from batching.runs import ScheduledRun
 from config.settings import Settings, SettingsError, load_settings, setting_warnings
 from model.loader import LoadedModel, ModelLoadError, load_model
@@ -287,7 +288,7 @@ def compile_steps(plan: Plan, loaded: LoadedModel) -> float | None:
     return total
 
 
-def warm_up(plan: Plan, loaded: LoadedModel, peers: dict[str, Peer]) -> None:
+def warm_up(plan: Plan, loaded: LoadedModel, peers: dict[str, Peer], ours: int | None = None) -> None:
     """One short untimed run per mode: first-call allocations and lazy initialisation stay out of the timings."""
     count = min(len(plan.caps), 2)
     short = replace(
@@ -298,16 +299,23 @@ def warm_up(plan: Plan, loaded: LoadedModel, peers: dict[str, Peer]) -> None:
     )
     for mode in plan.modes:
         if mode in (*BATCHER_MODES, COMPILED):
-            run_batcher(mode, loaded, short)
+            with our_threads(ours):
+                run_batcher(mode, loaded, short)
     for peer in peers.values():
         peer.warm_up(plan.prompt_ids[0], WARM_UP_TOKENS)
 
 
+def our_threads(threads: int | None) -> contextlib.AbstractContextManager[None]:
+    """torch on `threads` threads for our own modes (None: as it is)."""
+    return contextlib.nullcontext() if threads is None else torch_threads(threads)
+
+
 def run_all(
-    plan: Plan, loaded: LoadedModel, peers: dict[str, Peer], repeat: int, show: bool
+    plan: Plan, loaded: LoadedModel, peers: dict[str, Peer], repeat: int, show: bool, ours: int | None = None
 ) -> dict[str, list[ModeRun]]:
-    """`repeat` rounds of every mode in turn (static, continuous, hf, llamacpp, static, ...)."""
-    warm_up(plan, loaded, peers)
+    """`repeat` rounds of every mode in turn (static, continuous, hf, llamacpp, static, ...); ours on `ours` torch
+    threads, the peers on what the process has (None: ours too)."""
+    warm_up(plan, loaded, peers, ours)
     # As the engine process does after its warm-up: the libraries' objects out of the collector's sight, so no
     # full collection (0.18 s here) lands inside a timed run. Undone after (tests call the benchmark in-process).
     gc.freeze()
@@ -330,7 +338,8 @@ def run_all(
                         )
                         run = ModeRun(record, kv_lens)
                     else:
-                        run = run_batcher(mode, loaded, plan, progress)
+                        with our_threads(ours):
+                            run = run_batcher(mode, loaded, plan, progress)
                     run.cpu_s = time.process_time() + (peers[mode].outside_cpu_s() if mode in PEERS else 0.0) - cpu
                     runs[mode].append(run)
     finally:
@@ -491,7 +500,13 @@ def _benchmark(
             raise BenchError(f"llamacpp: {exc}") from None
     plan = make_plan(args, settings, loaded, inputs)
     vllm_setup = vllm_settings(loaded, plan) if vllm is not None else None
-    compile_s = compile_steps(plan, loaded)
+    # `--threads` is the most any contender may use: the peers get them all, ours the fewest of them that make its
+    # decode steps fastest, timed here (as the engine process times them at its start), before any graph is made.
+    ours = any(mode not in PEERS for mode in plan.modes)
+    threads = pick_threads(loaded.model, loaded.tokenizer, torch.get_num_threads()) if ours else None
+    ours_threads = None if threads is None else threads.threads
+    with our_threads(ours_threads):
+        compile_s = compile_steps(plan, loaded)
     with contextlib.ExitStack() as stack:
         peers: dict[str, Peer] = {}
         if "hf" in plan.modes:
@@ -504,7 +519,7 @@ def _benchmark(
             log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
             server = stack.enter_context(vllm_server(vllm, vllm_setup, log_dir / "vllm-server.log"))
             peers["vllm"] = VllmPeer(server.url, loaded.name, plan.options.max_batch_size, server.cpu_s)
-        runs = run_all(plan, loaded, peers, args.repeat, show=not args.no_progress)
+        runs = run_all(plan, loaded, peers, args.repeat, show=not args.no_progress, ours=ours_threads)
     floor = measure_floor(loaded.model, autotune=settings.engine.compile_autotune) if args.floor else None
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}
     modes = {mode: mode_report(run, plan, runs[mode]) for mode, run in medians.items()}
@@ -534,6 +549,7 @@ def _benchmark(
         "compile_s": compile_s,
         "cuda_graphs": dict(cuda_graphs.STATS) if loaded.device.type == "cuda" else None,
         "floor": floor,
+        "threads": None if threads is None else {"ours": ours_threads, "most": threads.most, "probe": threads.line()},
     }
     if args.plot:
         from batching.bench.plot import save_plot
@@ -567,6 +583,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if result["floor"] is not None:
         print(format_floor(result["floor"]))
+    if result["threads"] is not None:
+        print(f"threads: ours {result['threads']['probe']}; every peer {result['threads']['most']}")
     if args.json:
         args.json.write_text(json.dumps(json_safe(result), indent=1, allow_nan=False), encoding="utf-8")
     if result["first_error"]:  # figures of failed requests measure nothing: say so, and fail the command

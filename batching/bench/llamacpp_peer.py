@@ -41,6 +41,7 @@ from batching.bench.local_server import free_port
 from batching.bench.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.detokenizer import decode_text
 from batching.engine.events import FinishedEvent
+from batching.engine.omp_wait import peer_environment
 from batching.engine.request import FinishReason
 from batching.runs import RunRecord
 
@@ -139,7 +140,7 @@ class LlamaCppPeer:
     def __enter__(self) -> LlamaCppPeer:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.settings.threads)}
+        env = {**peer_environment(os.environ), "OMP_NUM_THREADS": str(self.settings.threads)}
         with self.log.open("w") as out:
             self._process = subprocess.Popen(
                 [*self.command, *self.settings.args(port)], stdout=out, stderr=subprocess.STDOUT, env=env

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from batching.engine.omp_wait import peer_environment
+
 
 class ServerStartError(Exception):
     """The server exited or gave no /health in time: one line, with the last line of its log."""
@@ -74,7 +76,7 @@ class LocalServer:
             self.process = subprocess.Popen(
                 [*self.command, "--port", str(self.port)],
                 cwd=self.cwd,
-                env={**os.environ, **self.env},
+                env={**peer_environment(os.environ), **self.env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -15,6 +15,7 @@ import transformers
 from batching.bench.plan import ModeRun, Plan
 from batching.engine import huge_pages_state
 from batching.engine.events import StepEvent
+from batching.engine.omp_wait import wait_policy_state
 from model.loader import LoadedModel
 from utils.metrics import percentile, summarize
 
@@ -191,6 +192,7 @@ def machine_info(loaded: LoadedModel) -> dict:
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "huge_pages": huge_pages_state(),
+        "omp_wait_policy": wait_policy_state(),
     }
 
 
@@ -244,7 +246,8 @@ def _setup_lines(result: dict) -> list[str]:
         f"{result['max_batched_tokens']}, ignore EOS {result['ignore_eos']}, median of {result['repeat']}",
         f"machine: {machine['cpu_count']} x {machine['cpu_model']}, torch {machine['torch']} "
         f"({machine['torch_threads']} threads), transformers {machine['transformers']}, device {machine['device']}, "
-        f"dtype {machine['dtype']}, huge pages {machine.get('huge_pages', '-')}",
+        f"dtype {machine['dtype']}, huge pages {machine.get('huge_pages', '-')}, idle OpenMP threads "
+        f"{machine.get('omp_wait_policy', '-')}",
     ]
 
 

@@ -1,5 +1,6 @@
 // batchscope::paged_decode: attention read through the block tables (see paged_decode.py, which builds and loads
 // it for the CPU's instruction sets). The AVX-512 passes are compiled only into a build for AVX-512 (__AVX512F__).
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -211,113 +212,142 @@ void attend16(const float* qh, const float* kh, const float* vh, const int64_t* 
 }
 #endif
 
+// One (row, key head) of paged_decode below: the scores of its query groups over the row's columns [lo, hi], their
+// softmax, the weighted values. `scores` and `kt` are the caller's scratch (one set per thread).
+struct Item {
+  const float *Q, *K, *V;
+  const int64_t* T;
+  float* O;
+  int64_t heads, dim, vdim, groups, blocks, block_size, table_width;
+  float sc;
+  bool wide;
+};
+
+void attend_one(const Item& it, int64_t r, int64_t h, int64_t lo, int64_t hi, std::vector<float>& scores, float* kt,
+                float* block) {
+  const int64_t n = hi - lo + 1, dim = it.dim, vdim = it.vdim, groups = it.groups, block_size = it.block_size;
+  if (scores.size() < static_cast<size_t>(16 + n * groups)) scores.resize(static_cast<size_t>(16 + n * groups));
+  const float* qh = it.Q + (r * it.heads + h * groups) * dim;
+  const float* kh = it.K + h * it.blocks * block_size * dim;
+  const float* vh = it.V + h * it.blocks * block_size * vdim;
+  const int64_t* table = it.T + r * it.table_width;
+  float* oh = it.O + (r * it.heads + h * groups) * vdim;
+#ifdef BATCHSCOPE_AVX512
+  if (it.wide) {
+    float* s = scores.data() + 16;
+    switch (dim) {
+      case 32: attend16<32>(qh, kh, vh, table, lo, hi, groups, it.sc, s, block, oh); break;
+      case 64: attend16<64>(qh, kh, vh, table, lo, hi, groups, it.sc, s, block, oh); break;
+      default: attend16<128>(qh, kh, vh, table, lo, hi, groups, it.sc, s, block, oh);
+    }
+    return;
+  }
+#else
+  (void)block;
+#endif
+  // Scores a block at a time: the block's keys transposed into `kt` ([dim][16]), so each group's 16 dot products
+  // are 16-wide multiply-adds over the dimensions, with no horizontal sum per dot product.
+  for (int64_t start = lo - lo % block_size; start <= hi; start += block_size) {
+    const float* kb = kh + table[start / block_size] * block_size * dim;
+    const int64_t from = std::max(start, lo), to = std::min(start + block_size - 1, hi);
+    if (dim <= kMaxDim && block_size == kLanes) {
+      for (int64_t j = 0; j < kLanes; ++j)
+        for (int64_t d = 0; d < dim; ++d) kt[d * kLanes + j] = kb[j * dim + d];
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* qg = qh + g * dim;
+        float acc[kLanes] = {};
+        for (int64_t d = 0; d < dim; ++d) {
+          const float qd = qg[d];
+          const float* row = kt + d * kLanes;
+#pragma omp simd
+          for (int64_t j = 0; j < kLanes; ++j) acc[j] += qd * row[j];
+        }
+        for (int64_t c = from; c <= to; ++c) scores[g * n + (c - lo)] = acc[c - start] * it.sc;
+      }
+    } else {
+      for (int64_t c = from; c <= to; ++c) {
+        const float* kc = kb + (c - start) * dim;
+        for (int64_t g = 0; g < groups; ++g) {
+          const float* qg = qh + g * dim;
+          float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t d = 0; d < dim; ++d) acc += qg[d] * kc[d];
+          scores[g * n + (c - lo)] = acc * it.sc;
+        }
+      }
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    float* s = scores.data() + g * n;
+    float top = s[0];
+#pragma omp simd reduction(max : top)
+    for (int64_t i = 1; i < n; ++i) top = s[i] > top ? s[i] : top;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) s[i] = exp_nonpositive(s[i] - top);
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) sum += s[i];
+    const float inverse = 1.f / sum;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) s[i] *= inverse;
+  }
+  switch (vdim) {  // value sizes known when compiled keep each group's sums in registers
+    case 32: weighted_values<32>(vh, table, block_size, lo, hi, scores.data(), n, groups, oh); break;
+    case 64: weighted_values<64>(vh, table, block_size, lo, hi, scores.data(), n, groups, oh); break;
+    case 128: weighted_values<128>(vh, table, block_size, lo, hi, scores.data(), n, groups, oh); break;
+    default: weighted_values_any(vh, table, block_size, lo, hi, scores.data(), n, groups, vdim, oh);
+  }
+}
+
+// Below this many multiply-adds a step's attention runs on the calling thread: waking torch's other threads and
+// joining them costs more than they would save (a decode step of a few short rows takes microseconds).
+constexpr int64_t kMinParallelWork = 1 << 18;
+
 // out[r, h] = softmax(scale * q[r, h] . K[columns of row r]) V over the columns row r may see: from its first real
 // column (after a static wave's left padding; within the window when the layer has one) up to its own; a query
 // whose range is empty (a padding row) sees its own column alone. Column c of row r is offset c % block_size of
 // block tables[r, c / block_size]. Grouped-query heads: query head h reads key head h / (heads / kv_heads).
+// Each (row, key head) is computed alone, in the same order whichever thread takes it, so the result does not
+// depend on the thread count (torch's, `at::parallel_for`); thread t takes items t, t + threads, ... (a row's key
+// heads cost the same, so ragged rows still split evenly).
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& kpool, const at::Tensor& vpool, const at::Tensor& tables,
                         const at::Tensor& own, const at::Tensor& first, int64_t window, double scale) {
   TORCH_CHECK(q.is_contiguous() && kpool.is_contiguous() && vpool.is_contiguous() && tables.is_contiguous(),
               "paged_decode: contiguous inputs expected");
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t kv_heads = kpool.size(0), blocks = kpool.size(1), block_size = kpool.size(2), vdim = vpool.size(3);
-  const int64_t groups = heads / kv_heads, table_width = tables.size(1);
+  const int64_t kv_heads = kpool.size(0), vdim = vpool.size(3);
   at::Tensor out = at::empty({rows, heads, vdim}, q.options());
-  const float* Q = q.data_ptr<float>();
-  const float* K = kpool.data_ptr<float>();
-  const float* V = vpool.data_ptr<float>();
-  const int64_t* T = tables.data_ptr<int64_t>();
   const int64_t* OWN = own.data_ptr<int64_t>();
   const int64_t* FIRST = first.data_ptr<int64_t>();
-  float* O = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
-  std::vector<float> scores;
-  std::vector<float> transposed(static_cast<size_t>(kMaxDim * kLanes));
-  float* kt = transposed.data();
+  Item it{q.data_ptr<float>(), kpool.data_ptr<float>(), vpool.data_ptr<float>(), tables.data_ptr<int64_t>(),
+          out.data_ptr<float>(), heads, dim, vdim, heads / kv_heads, kpool.size(1), kpool.size(2), tables.size(1),
+          static_cast<float>(scale), false};
 #ifdef BATCHSCOPE_AVX512
-  const bool wide = block_size == 16 && dim == vdim && (dim == 32 || dim == 64 || dim == 128);
-  std::vector<float> block(static_cast<size_t>(groups * 16));
+  it.wide = it.block_size == 16 && dim == vdim && (dim == 32 || dim == 64 || dim == 128);
 #endif
+  std::vector<int64_t> los(static_cast<size_t>(rows)), his(static_cast<size_t>(rows));
+  int64_t work = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t hi = OWN[r];
     int64_t lo = FIRST[r];
     if (window > 0) lo = std::max(lo, hi - window + 1);
     if (lo > hi) lo = hi;
-    const int64_t n = hi - lo + 1;
-    scores.resize(static_cast<size_t>(16 + n * groups));
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      const float* qh = Q + (r * heads + h * groups) * dim;
-      const float* kh = K + h * blocks * block_size * dim;
-      const float* vh = V + h * blocks * block_size * vdim;
-#ifdef BATCHSCOPE_AVX512
-      if (wide) {
-        float* oh = O + (r * heads + h * groups) * vdim;
-        const int64_t* table = T + r * table_width;
-        float* s = scores.data() + 16;
-        switch (dim) {
-          case 32: attend16<32>(qh, kh, vh, table, lo, hi, groups, sc, s, block.data(), oh); break;
-          case 64: attend16<64>(qh, kh, vh, table, lo, hi, groups, sc, s, block.data(), oh); break;
-          default: attend16<128>(qh, kh, vh, table, lo, hi, groups, sc, s, block.data(), oh);
-        }
-        continue;
-      }
-#endif
-      // Scores a block at a time: the block's keys transposed into `kt` ([dim][16]), so each group's 16 dot products
-      // are 16-wide multiply-adds over the dimensions, with no horizontal sum per dot product.
-      for (int64_t start = lo - lo % block_size; start <= hi; start += block_size) {
-        const float* kb = kh + T[r * table_width + start / block_size] * block_size * dim;
-        const int64_t from = std::max(start, lo), to = std::min(start + block_size - 1, hi);
-        if (dim <= kMaxDim && block_size == kLanes) {
-          for (int64_t j = 0; j < kLanes; ++j)
-            for (int64_t d = 0; d < dim; ++d) kt[d * kLanes + j] = kb[j * dim + d];
-          for (int64_t g = 0; g < groups; ++g) {
-            const float* qg = qh + g * dim;
-            float acc[kLanes] = {};
-            for (int64_t d = 0; d < dim; ++d) {
-              const float qd = qg[d];
-              const float* row = kt + d * kLanes;
-#pragma omp simd
-              for (int64_t j = 0; j < kLanes; ++j) acc[j] += qd * row[j];
-            }
-            for (int64_t c = from; c <= to; ++c) scores[g * n + (c - lo)] = acc[c - start] * sc;
-          }
-        } else {
-          for (int64_t c = from; c <= to; ++c) {
-            const float* kc = kb + (c - start) * dim;
-            for (int64_t g = 0; g < groups; ++g) {
-              const float* qg = qh + g * dim;
-              float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-              for (int64_t d = 0; d < dim; ++d) acc += qg[d] * kc[d];
-              scores[g * n + (c - lo)] = acc * sc;
-            }
-          }
-        }
-      }
-      for (int64_t g = 0; g < groups; ++g) {
-        float* s = scores.data() + g * n;
-        float top = s[0];
-#pragma omp simd reduction(max : top)
-        for (int64_t i = 1; i < n; ++i) top = s[i] > top ? s[i] : top;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) s[i] = exp_nonpositive(s[i] - top);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t i = 0; i < n; ++i) sum += s[i];
-        const float inverse = 1.f / sum;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) s[i] *= inverse;
-      }
-      float* oh = O + (r * heads + h * groups) * vdim;
-      const int64_t* table = T + r * table_width;
-      switch (vdim) {  // value sizes known when compiled keep each group's sums in registers
-        case 32: weighted_values<32>(vh, table, block_size, lo, hi, scores.data(), n, groups, oh); break;
-        case 64: weighted_values<64>(vh, table, block_size, lo, hi, scores.data(), n, groups, oh); break;
-        case 128: weighted_values<128>(vh, table, block_size, lo, hi, scores.data(), n, groups, oh); break;
-        default: weighted_values_any(vh, table, block_size, lo, hi, scores.data(), n, groups, vdim, oh);
-      }
-    }
+    los[r] = lo;
+    his[r] = hi;
+    work += (hi - lo + 1) * heads * (dim + vdim);
   }
+  const int64_t items = rows * kv_heads;
+  const int64_t threads = work < kMinParallelWork ? 1 : std::min<int64_t>(at::get_num_threads(), items);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<float> transposed(static_cast<size_t>(kMaxDim * kLanes));
+    std::vector<float> block(static_cast<size_t>(it.groups * 16));
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t item = t; item < items; item += threads) {
+        const int64_t r = item / kv_heads, h = item % kv_heads;
+        attend_one(it, r, h, los[r], his[r], scores, transposed.data(), block.data());
+      }
+  });
   return out;
 }
 }  // namespace

@@ -49,8 +49,10 @@ logger = logging.getLogger(__name__)
 FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "granite", "smollm3", "olmo2", "starcoder2"})
 
 SOURCE = Path(__file__).with_suffix(".cpp")
-# `-fno-math-errno` lets `floor` vectorise (no effect on results).
-_FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno"]
+# `-fno-math-errno` lets `floor` vectorise (no effect on results). `-fopenmp`: `at::parallel_for` is a header
+# template over OpenMP; the build then needs `libgomp.so.1`, which is torch's own (already loaded, same soname), so
+# the operator's threads are torch's (`torch.set_num_threads`).
+_FLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
 # The instruction sets a build may use, by torch's name for the CPU's (`build_target`): exactly what torch's own
 # kernels for that capability are compiled with and checked for (AVX-512 F, BW, VL and DQ with FMA; AVX2 with FMA),
 # 512-bit vectors preferred where there are some. Any other capability (none of these, another architecture) gets
@@ -101,7 +103,13 @@ def load() -> bool:
             name, flags = build_target()
             _put_ninja_on_path()
             with _builder_lock(name):
-                load_inline(name, cpp_sources=SOURCE.read_text(), is_python_module=False, extra_cflags=flags)
+                load_inline(
+                    name,
+                    cpp_sources=SOURCE.read_text(),
+                    is_python_module=False,
+                    extra_cflags=flags,
+                    extra_ldflags=["-fopenmp"],
+                )
         except Exception as exc:  # a machine without g++ or ninja runs the gathered path
             first_line = (str(exc).strip().splitlines() or [""])[0]
             what = "paged decode attention unavailable, steps gather blocks"

@@ -51,6 +51,7 @@ class EngineInfo:
     pid: int
     geometry: PoolGeometry  # what sizes a batcher's KV pool and bounds its requests (`Admission` checks by it)
     features: str = ""  # the attention features in use, e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
+    threads: str = ""  # how many torch threads the engine runs on, and why (`engine.threads.ThreadChoice.line`)
 
 
 # --- client -> engine -----------------------------------------------------------------------------------------

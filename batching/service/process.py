@@ -27,13 +27,13 @@ from batching.engine.graph_cache import cache_hits
 from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
+from batching.engine.threads import pick_threads
 from batching.service.core import EngineCore
 from batching.service.messages import EngineConfig, EngineInfo, LoadFailed, Progress, Ready, Shutdown
 from model.loader import LoadedModel, ModelLoadError, load_model
 
 logger = logging.getLogger(__name__)
 
-SMALL_MODEL = 50_000_000  # parameters; below this the CPU runs torch on one thread
 IDLE_WAIT_S = 0.5  # how often an idle engine looks for batchers to close
 
 
@@ -93,9 +93,12 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
     try:
         loaded = load_model(config.model, config.tokenizer)
         check_supported(loaded.model)  # refused before any request rather than answered wrongly
-        if loaded.device.type == "cpu" and loaded.num_parameters < SMALL_MODEL and "OMP_NUM_THREADS" not in os.environ:
-            # A small model's ops are too short to split: on shared cores, more threads mostly wait on each other.
-            torch.set_num_threads(1)
+        # As many torch threads as make this model's decode steps fastest, up to torch's count (the cores, or
+        # OMP_NUM_THREADS): timed now, before any graph is made (inductor bakes the count into its kernels).
+        choice = pick_threads(loaded.model, loaded.tokenizer, torch.get_num_threads())
+        torch.set_num_threads(choice.threads)
+        if config.prepare is not None:  # the API server, which logs each line of its start
+            outputs.send(Progress(choice.line()))
         if config.engine.compile_steps:  # graphs are made in the background by the first decode steps
             use_compile_cache(config.engine.compile_cache_dir)
         # One tiny request, so the first real one does not pay for warm-up.
@@ -125,6 +128,7 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         load_seconds=loaded.load_seconds,
         pid=os.getpid(),
         features=attention_features(loaded.model),
+        threads=choice.line(),
         geometry=PoolGeometry.of(loaded.model),
     )
     outputs.send(Ready(info))

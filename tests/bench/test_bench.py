@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from batching.bench import cli
 from batching.bench.cli import ModeRun, main
 from batching.bench.floor import floor_step
 from batching.bench.plot import bench_chart
 from batching.bench.report import speedup_figures, step_time_stats
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.request import FinishReason
+from batching.engine.threads import ThreadChoice
 from tests.engine.helpers import loaded
 from utils.metrics import RunRecord, percentile
 
@@ -246,6 +248,40 @@ def test_the_hf_peer_runs_and_matches_static(tiny_model_dirs: dict[str, Path], t
     assert all(r["ttft_s"] is not None and r["ttft_s"] <= r["e2e_s"] for r in hf["requests"])
     assert hf["steps"] > 0
     assert hf["outputs_match_static"] is True
+
+
+def test_threads_is_the_most_a_contender_may_use_ours_runs_on_what_its_probe_chose(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--threads 2`: the peers get 2; ours the count its probe chose (fed here: one, two measured slower)."""
+    seen: dict[str, list[int]] = {"ours": [], "hf": []}
+    asked: list[int] = []
+
+    def probe(model, tokenizer, most: int) -> ThreadChoice:
+        asked.append(most)
+        return ThreadChoice(1, most, {1: 0.010, 2: 0.047})
+
+    def run_batcher(*args, **kwargs):
+        seen["ours"].append(torch.get_num_threads())
+        return real_run_batcher(*args, **kwargs)
+
+    def start_peer(*args, **kwargs):
+        seen["hf"].append(torch.get_num_threads())
+        return real_start_peer(*args, **kwargs)
+
+    real_run_batcher, real_start_peer = cli.run_batcher, cli.start_peer
+    monkeypatch.setattr(cli, "pick_threads", probe)
+    monkeypatch.setattr(cli, "run_batcher", run_batcher)
+    monkeypatch.setattr(cli, "start_peer", start_peer)
+    out = tmp_path / "threads.json"
+    argv = ["--workload", str(_json_workload(tmp_path, batch_size=2)), "--modes", "continuous,hf", "--model"]
+    argv += [str(tiny_model_dirs["llama"]), "--ignore-eos", "--json", str(out), "--device", "cpu", "--no-progress"]
+    assert main([*argv, "--threads", "2"]) == 0
+    assert asked == [2]
+    assert seen["ours"] and set(seen["ours"]) == {1}
+    assert seen["hf"] == [2]
+    assert json.loads(out.read_text())["threads"]["ours"] == 1
+    assert json.loads(out.read_text())["threads"]["most"] == 2
 
 
 @pytest.mark.parametrize(

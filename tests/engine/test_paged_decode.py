@@ -77,6 +77,49 @@ def test_it_equals_the_gathered_attention(window, heads, kv_heads, dim, value_di
     torch.testing.assert_close(paged, gathered, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "value_dim", "lengths"),
+    [
+        (8, 2, 32, 32, [300, 41, 1, 130, 17, 0, 290, 250]),  # the embedded model's shape, enough work to split
+        (14, 2, 64, 64, [3, 5, 1, 2]),  # too little work to split: one thread whatever torch has
+        (6, 3, 24, 40, [200, 7, 160, 90, 33]),  # sizes the vector path does not take, 3 key heads
+    ],
+)
+def test_every_thread_count_gives_the_same_bits_and_the_gathered_attention(
+    heads, kv_heads, dim, value_dim, lengths
+) -> None:
+    """Each (row, key head) is computed alone, whichever thread takes it: 1 to 4 threads agree bit for bit."""
+    generator = torch.Generator().manual_seed(len(lengths) * heads + dim)
+    width = -(-max(lengths) // BLOCK)
+    blocks = width * len(lengths)
+    key_pool = torch.randn(kv_heads, blocks + 1, BLOCK, dim, generator=generator)
+    value_pool = torch.randn(kv_heads, blocks + 1, BLOCK, value_dim, generator=generator)
+    order = torch.randperm(blocks, generator=generator).tolist()
+    tables = []
+    for length in lengths:
+        count = -(-length // BLOCK)
+        own_blocks, order = order[:count], order[count:]
+        tables.append(own_blocks + [blocks] * (width - count))
+    tables_tensor, first = torch.tensor(tables), torch.zeros(len(lengths), dtype=torch.long)
+    own = torch.tensor([max(length - 1, 0) for length in lengths])
+    query = torch.randn(len(lengths), heads, dim, generator=generator)
+    scale = dim**-0.5
+    before = torch.get_num_threads()
+    outputs = {}
+    try:
+        for count in (1, 2, 3, 4):
+            torch.set_num_threads(count)
+            outputs[count] = paged_decode.paged_decode(
+                query, key_pool, value_pool, tables_tensor, own, first, None, scale
+            )
+    finally:
+        torch.set_num_threads(before)
+    for count in (2, 3, 4):
+        assert torch.equal(outputs[count], outputs[1]), f"{count} threads differ from one"
+    gathered = _gathered(query, key_pool, value_pool, tables_tensor, own, first, None, scale)
+    torch.testing.assert_close(outputs[1], gathered, rtol=1e-5, atol=1e-5)
+
+
 def test_it_reads_only_the_columns_a_row_may_see() -> None:
     """A key past a row's own column, before its first real one, or outside its window changes nothing."""
     key_pool, value_pool = torch.randn(1, 5, BLOCK, 8), torch.randn(1, 5, BLOCK, 8)

@@ -1,0 +1,133 @@
+"""How many torch threads a model's steps run on, chosen by timing its own decode steps at each count.
+
+A small model's ops last microseconds: on more threads each one forks and joins the others, and a thread the OS has
+not scheduled (shared cores) stalls the whole op, so a second thread can make a step several times slower; a large
+model's matmuls split well. Which side of that line a model falls on depends on the model, the CPU and what else
+runs, so it is measured: a few real decode steps (8 rows, eager) at 1, 2, 4, ... up to the most allowed, the counts
+taken in turn, round after round (a slow spell of the machine lands on every count), the median of each kept.
+`choose` then keeps the fewest threads within `MARGIN` of the fastest: never a count measured slower than one thread.
+Inductor bakes the thread count into the C++ it generates, so the choice comes before any graph is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+MARGIN = 0.05  # more threads are kept only when at least this much faster than fewer
+ROWS = 8  # decode rows the probe steps (the batchers' default slot count)
+ROUNDS = 3  # each count timed this many times, in turn with the others
+STEPS = 4  # decode steps per timing
+
+
+def counts_up_to(most: int) -> list[int]:
+    """The thread counts tried: 1, 2, 4, ... and `most` itself."""
+    counts, count = [], 1
+    while count < most:
+        counts.append(count)
+        count *= 2
+    return [*counts, max(most, 1)]
+
+
+def choose(seconds: Mapping[int, float], margin: float = MARGIN) -> int:
+    """The fewest threads whose time is within `margin` of the fastest count's (`seconds`: count -> time of the same
+    work). One thread is always among them when measured, so the choice is never slower than one thread was."""
+    fastest = min(seconds.values())
+    return min(count for count, took in seconds.items() if took <= fastest * (1 + margin))
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch on `count` threads inside the block, what it was after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def time_counts(
+    work: Callable[[], None],
+    counts: Sequence[int],
+    rounds: int = ROUNDS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[int, float]:
+    """The median time of `work` at each thread count, the counts taken in turn for `rounds` rounds (the order
+    rotated each round), each after one untimed call at that count (its threads woken, its buffers made)."""
+    taken: dict[int, list[float]] = {count: [] for count in counts}
+    for round_index in range(rounds):
+        shift = round_index % len(counts)
+        for count in [*counts[shift:], *counts[:shift]]:
+            with torch_threads(count):
+                work()
+                start = clock()
+                work()
+                taken[count].append(clock() - start)
+    return {count: statistics.median(times) for count, times in taken.items()}
+
+
+def decode_work(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, calls: int) -> Callable[[], None]:
+    """`STEPS` real decode steps of `ROWS` rows of `model` per call, for `calls` calls (eager, a KV pool of its own
+    just big enough), the rows' prompts computed before the first."""
+    from batching.engine.batcher import Batcher  # the batcher imports this module's users, not this module
+    from batching.engine.options import BatcherOptions
+    from batching.engine.params import RequestParams
+
+    cap = calls * STEPS + 1
+    options = BatcherOptions(
+        max_batch_size=ROWS, max_batched_tokens=512, step_detail=False, kv_cache_tokens=ROWS * (cap + 64)
+    )
+    batcher = Batcher(model, tokenizer, options)
+    for index in range(ROWS):
+        batcher.add(f"Question {index}: how do threads share a step?", RequestParams(cap, ignore_eos=True))
+    while len(batcher.running) < ROWS or not all(request.output_ids for request in batcher.running.values()):
+        batcher.step()  # the prompts, until every row decodes
+
+    def work() -> None:
+        for _ in range(STEPS):
+            batcher.step()
+
+    return work
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The thread count chosen, the most allowed, and what each count measured (seconds a decode step)."""
+
+    threads: int
+    most: int
+    step_s: Mapping[int, float]
+
+    def line(self) -> str:
+        """One line for a log: the choice and every count's time."""
+        if not self.step_s:
+            return f"torch runs on {self.threads} thread(s) (not timed)"
+        timings = ", ".join(f"{count}: {took * 1e3:.2f} ms" for count, took in self.step_s.items())
+        return (
+            f"torch runs on {self.threads} of {self.most} thread(s), the fastest decode step of {ROWS} rows measured"
+            f" (median of {ROUNDS}, by thread count: {timings})"
+        )
+
+
+def pick_threads(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, most: int) -> ThreadChoice:
+    """Time `model`'s decode steps at up to `most` threads and choose the fewest that is fastest (`choose`); torch's
+    own count is left as it was. A model on a GPU, or `most` 1, takes `most` untimed."""
+    most = max(most, 1)
+    if model.device.type != "cpu" or most == 1:
+        return ThreadChoice(most, most, {})
+    counts = counts_up_to(most)
+    with torch.inference_mode():
+        seconds = time_counts(decode_work(model, tokenizer, 2 * ROUNDS * len(counts)), counts)
+    choice = ThreadChoice(choose(seconds), most, {count: took / STEPS for count, took in seconds.items()})
+    logger.info("%s", choice.line())
+    return choice
