@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from app.baton import Baton, Follower
+from app.streaming import RaceEnd
 from batching.arrivals import Schedule
 from batching.engine.events import FinishedEvent
 from batching.race import RACE_MODES, LaneStep
@@ -20,19 +21,6 @@ from batching.runs import RunRecord
 from batching.sweep import SweepSpec, auto_rates, capacity, format_rates
 from utils.metrics import steps_kind
 from utils.sweep import Slo, SweepPoint, record_point
-
-
-class RaceEnd(Protocol):
-    """The engine's word that a race is over (`batching.service.messages.RaceEnded`)."""
-
-    @property
-    def walls(self) -> tuple[tuple[str, float, float], ...]: ...
-
-    @property
-    def error(self) -> str | None: ...
-
-    @property
-    def clock(self) -> str: ...
 
 
 class SweepRace(Protocol):

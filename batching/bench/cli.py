@@ -25,7 +25,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 import transformers
@@ -35,7 +34,7 @@ from batching.arrivals import Schedule
 from batching.bench.floor import format_floor, measure_floor
 from batching.bench.gguf_convert import GGUFConversionError, check_convertible, convert
 from batching.bench.hf_peer import HFPeer
-from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, ServerSettings, find_server
+from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
 from batching.bench.local_server import ServerStartError
 from batching.bench.plan import ModeRun, Peer, Plan
 from batching.bench.report import compare, format_report, machine_info, mode_report
@@ -65,6 +64,7 @@ from batching.runs import ScheduledRun
 from config.settings import Settings, SettingsError, load_settings, setting_warnings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
+from utils.cli import OneLineParser
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 
@@ -90,13 +90,8 @@ BAD_INPUT = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse would print the usage too: keep it to one line
-        raise BenchError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m batching.bench", description=__doc__.splitlines()[0])
+    parser = OneLineParser(error_type=BenchError, prog="python -m batching.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", required=True, help="built-in name, 'random', or a .json/.csv file")
     parser.add_argument("--modes", default="static,continuous", help="comma list of " + ", ".join(MODES))
     parser.add_argument("--floor", action="store_true", help="also time an 8-row decode step against raw matmuls")
@@ -379,7 +374,7 @@ def start_llamacpp(
     loaded: LoadedModel, plan: Plan, command: list[str], extra: Sequence[str], log_dir: Path
 ) -> LlamaCppPeer:
     """llama.cpp's server on a GGUF F32 copy of the model (converted once, then cached), sized like our batcher."""
-    settings = ServerSettings(
+    settings = LlamaCppSettings(
         model=convert(loaded.model, loaded.tokenizer),
         slots=plan.options.max_batch_size,
         context_per_slot=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),

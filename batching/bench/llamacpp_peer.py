@@ -55,7 +55,7 @@ class LlamaCppError(Exception):
 
 
 @dataclass(frozen=True)
-class ServerSettings:
+class LlamaCppSettings:
     """How llama.cpp's server runs: the model file, slots, per-slot context, threads and per-step token budget."""
 
     model: Path
@@ -123,7 +123,7 @@ class LlamaCppPeer:
     def __init__(
         self,
         command: Sequence[str],
-        settings: ServerSettings,
+        settings: LlamaCppSettings,
         tokenizer: PreTrainedTokenizerBase,
         log_dir: Path,
         clock: Callable[[], float] = time.perf_counter,

@@ -26,7 +26,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 import transformers
@@ -51,6 +50,7 @@ from batching.sweep import AUTO, DEFAULT_REQUESTS, SweepSpec, auto_rates, capaci
 from config.settings import SettingsError, load_settings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
+from utils.cli import OneLineParser
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 from utils.metrics import steps_kind
@@ -77,13 +77,10 @@ class SweepError(Exception):
     """Bad input, or a server that would not start: one line on stderr, exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise SweepError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m batching.bench.sweep", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        error_type=SweepError, prog="python -m batching.bench.sweep", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--workload", default=DEFAULT_WORKLOAD, help="the prompt mix: built-in, 'random' or a file")
     parser.add_argument(
         "--rates", default=AUTO, help="requests/s, comma-separated, or auto (picked by a race of every request at once)"

@@ -40,7 +40,7 @@ _REASONS = {"stop": FinishReason.EOS, "length": FinishReason.LENGTH, "abort": Fi
 
 
 @dataclass(frozen=True)
-class Submitted:
+class RemoteSubmitted:
     """A request the run took: its id, and when it arrived (the run's clock)."""
 
     request_id: str
@@ -118,7 +118,7 @@ class RemoteRun:
         self._ready.wait(10)
 
     # --- the page's side (any thread) -----------------------------------------------------------------------
-    def submit(self, prompt: str, params: RequestParams, at: float | None = None) -> Submitted:
+    def submit(self, prompt: str, params: RequestParams, at: float | None = None) -> RemoteSubmitted:
         """Queue `prompt`; it is sent when due (`at` seconds after the run's start, default now) and a lane is free."""
         if not self.running:
             raise RuntimeError("this remote run has ended: press Generate for a new one")
@@ -136,7 +136,7 @@ class RemoteRun:
         )
         job = _Job(f"{self.setup.mode}-{next(self._ids)}", request, due)
         self._call(self._jobs.append, job)
-        return Submitted(job.request_id, due)
+        return RemoteSubmitted(job.request_id, due)
 
     def poll(self, timeout: float = 0.0) -> list[Event]:
         """The events since the last poll, waiting up to `timeout` s for the first."""
