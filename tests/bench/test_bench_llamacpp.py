@@ -111,7 +111,7 @@ def test_extra_flags_come_after_ours_and_win(tiny_model_dirs: dict[str, Path], t
     command = _server()
     model, tokenizer = _load(tiny_model_dirs["llama"])
     settings = LlamaCppSettings(convert(model, tokenizer, tmp_path), 2, 16, 1, 16, extra=("-kvu",))
-    args = settings.args(port=1)
+    args = settings.args()
     assert args[-1] == "-kvu" and "-no-kvu" in args and args[args.index("-fa") + 1] == "on"  # the measured best
     with LlamaCppPeer(command, settings, tokenizer, tmp_path):
         pass
