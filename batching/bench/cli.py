@@ -46,7 +46,9 @@ from batching.bench.workloads import (
     DISTRIBUTIONS,
     RANDOM_NAME,
     LengthRange,
+    RefusedRequest,
     Workload,
+    encode_requests,
     load_workload,
     random_workload,
 )
@@ -64,7 +66,7 @@ from batching.runs import ScheduledRun
 from config.settings import Settings, SettingsError, load_settings, setting_warnings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
-from utils.cli import OneLineParser
+from utils.cli import OneLineParser, first_below_one, first_missing_folder
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 
@@ -158,14 +160,10 @@ class Inputs:
 
 def check_flags(args: argparse.Namespace) -> Inputs:
     """Everything that can be checked before loading the model: numbers, modes, workload, arrivals."""
-    for flag in ("batch_size", "max_batched_tokens", "max_new_tokens", "threads", "repeat", "kv_cache_tokens"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise BenchError(f"--{flag.replace('_', '-')}={value} is not allowed: must be >= 1")
-    for flag in ("json", "plot"):
-        path = getattr(args, flag)
-        if path is not None and not path.parent.is_dir():
-            raise BenchError(f"--{flag} {path}: the folder {path.parent} does not exist")
+    positive = ("batch_size", "max_batched_tokens", "max_new_tokens", "threads", "repeat", "kv_cache_tokens")
+    problem = first_below_one(args, positive) or first_missing_folder(args)
+    if problem:
+        raise BenchError(problem)
     modes = parse_modes(args.modes)
     try:
         if args.workload == RANDOM_NAME:
@@ -209,22 +207,20 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
         builder = PoolGeometry.of(loaded.model).request_builder(loaded.tokenizer, options)  # under a block raises
     except ValueError as exc:  # batch size, token budget or KV memory out of range
         raise BenchError(str(exc)) from None
-    prompt_ids, caps = [], []
-    for index, item in enumerate(workload.requests):
-        raw = args.raw_prompts or workload.raw_prompts
-        text = item.prompt if raw else format_prompt(item.prompt, *_template(settings))
-        cap = item.max_new_tokens or default_cap
-        try:
-            request = builder.build(text, RequestParams(cap))
-        except ValueError as exc:
-            raise BenchError(f"workload {workload.name} request {index}: {exc}") from None
-        prompt_ids.append(tuple(request.prompt_ids))
-        caps.append(cap)
+    raw = args.raw_prompts or workload.raw_prompts
+    requests = [
+        (item.prompt if raw else format_prompt(item.prompt, *_template(settings)), item.max_new_tokens or default_cap)
+        for item in workload.requests
+    ]
+    try:
+        prompt_ids, caps = encode_requests(builder, requests)
+    except RefusedRequest as exc:
+        raise BenchError(f"workload {workload.name} {exc}") from None
     return Plan(
         workload=workload,
         modes=inputs.modes,
-        prompt_ids=tuple(prompt_ids),
-        caps=tuple(caps),
+        prompt_ids=prompt_ids,
+        caps=caps,
         schedule=inputs.schedule,
         options=options,
         ignore_eos=args.ignore_eos,

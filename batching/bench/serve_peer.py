@@ -42,7 +42,7 @@ from batching.bench.vllm_server import (
     vllm_version,
 )
 from config.settings import SettingsError, load_settings
-from utils.cli import OneLineParser
+from utils.cli import OneLineParser, text_table
 
 SERVERS = ("batchscope", "transformers", "vllm")
 PAGE_SIZE = 256  # transformers' continuous-batching page (KV block) size, in tokens
@@ -414,10 +414,7 @@ def format_table(rows: Sequence[Row]) -> str:
         )
         for row in rows
     ]
-    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
-    out = [" ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)) for cells in [header, *lines]]
-    out.insert(1, " ".join("-" * width for width in widths))
-    return "\n".join(out)
+    return text_table(header, lines)
 
 
 def _post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -36,7 +36,14 @@ from batching.bench import serve_peer
 from batching.bench.local_server import ServerStartError
 from batching.bench.report import machine_info
 from batching.bench.sweep_client import request_body, run_remote_rate
-from batching.bench.workloads import RANDOM_NAME, Workload, load_workload, random_workload
+from batching.bench.workloads import (
+    RANDOM_NAME,
+    RefusedRequest,
+    Workload,
+    encode_requests,
+    load_workload,
+    random_workload,
+)
 from batching.engine.batcher import Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent
 from batching.engine.geometry import PoolGeometry
@@ -50,7 +57,7 @@ from batching.sweep import AUTO, DEFAULT_REQUESTS, SweepSpec, auto_rates, capaci
 from config.settings import SettingsError, load_settings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
-from utils.cli import OneLineParser
+from utils.cli import OneLineParser, first_below_one, first_missing_folder, text_table
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 from utils.metrics import steps_kind
@@ -117,14 +124,9 @@ class Mix:
 
 def check_args(args: argparse.Namespace) -> tuple[SweepSpec, Slo, Workload]:
     """Everything checked before a model loads or a server starts."""
-    for flag in ("batch_size", "max_new_tokens", "threads"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise SweepError(f"--{flag.replace('_', '-')}={value} is not allowed: must be >= 1")
-    for flag in ("json", "plot"):
-        path = getattr(args, flag)
-        if path is not None and not path.parent.is_dir():
-            raise SweepError(f"--{flag} {path}: the folder {path.parent} does not exist")
+    problem = first_below_one(args, ("batch_size", "max_new_tokens", "threads")) or first_missing_folder(args)
+    if problem:
+        raise SweepError(problem)
     try:
         spec = SweepSpec(parse_rates(args.rates), args.requests, args.seed)
         if spec.auto and args.servers:
@@ -155,17 +157,17 @@ def tokenised_mix(
     settings = load_settings()
     builder = PoolGeometry.of(loaded.model).request_builder(loaded.tokenizer, options)
     default_cap = args.max_new_tokens or settings.generation.max_new_tokens
-    ids, caps = [], []
-    for index, item in enumerate(spec.mix(workload.requests)):
-        text = format_prompt(item.prompt, settings.prompt.system_prompt, settings.prompt.template)
-        cap = item.max_new_tokens or default_cap
-        try:
-            request = builder.build(text, RequestParams(cap))
-        except ValueError as exc:
-            raise SweepError(f"workload {workload.name} request {index % len(workload.requests)}: {exc}") from None
-        ids.append(tuple(request.prompt_ids))
-        caps.append(cap)
-    return Mix(workload.name, tuple(ids), tuple(caps), args.ignore_eos)
+    template = (settings.prompt.system_prompt, settings.prompt.template)
+    mix = [
+        (format_prompt(item.prompt, *template), item.max_new_tokens or default_cap)
+        for item in spec.mix(workload.requests)
+    ]
+    try:
+        ids, caps = encode_requests(builder, mix)
+    except RefusedRequest as exc:
+        index = exc.index % len(workload.requests)
+        raise SweepError(f"workload {workload.name} request {index}: {exc.reason}") from None
+    return Mix(workload.name, ids, caps, args.ignore_eos)
 
 
 # --- in-process: the page's sweep ----------------------------------------------------------------------------------
@@ -340,10 +342,7 @@ def format_table(points: Sequence[SweepPoint]) -> str:
         )
         for point in points
     ]
-    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
-    out = [" ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)) for cells in [header, *lines]]
-    out.insert(1, " ".join("-" * width for width in widths))
-    return "\n".join(out)
+    return text_table(header, lines)
 
 
 def goodput_lines(found: dict[str, Goodput], slo: Slo) -> list[str]:
