@@ -10,7 +10,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from app.live_run import LiveRun, RequestView
-from app.race_view import LANE_NAMES, RaceRun
+from app.race_view import RaceRun
 from app.streaming import RaceStream, RunStream
 from utils.plain_text import card_heading_html
 
@@ -54,7 +54,7 @@ def race_answers_section(race: RaceRun) -> tuple[DeltaGenerator, list[LaneSlots]
             lanes = dict(zip(race.lanes, st.columns(2), strict=True))
             answer_slots.append({})
             for mode, column in lanes.items():
-                column.caption(f"**{LANE_NAMES[mode]}**")
+                column.caption(f"**{mode}**")
                 answer_slots[-1][mode] = (column.empty(), column.empty())
                 draw_answer(race.lanes[mode].views[index], answer_slots[-1][mode])
     return progress_slot, answer_slots

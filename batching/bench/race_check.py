@@ -24,9 +24,10 @@ import transformers
 from batching.arrivals import Schedule
 from batching.bench.cli import benchmark, build_parser
 from batching.bench.workloads import load_workload
+from batching.engine.batcher import MODES
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
-from batching.race import RACE_MODES, LaneStep
+from batching.race import LaneStep
 from batching.runs import RunRecord
 from batching.service import EngineClient, EngineConfig, RaceHandle
 from batching.service.client import engine_options
@@ -70,7 +71,7 @@ class RaceResult:
 def race_once(client: EngineClient, options: BatcherOptions, items: list, schedule: Schedule) -> RaceResult:
     """One race to its end."""
     race: RaceHandle = client.start_race(options, items, schedule)
-    records = {mode: RunRecord(mode, 0.0) for mode in RACE_MODES}
+    records: dict[str, RunRecord] = {mode: RunRecord(mode, 0.0) for mode in MODES}
     deadline = time.monotonic() + RACE_TIMEOUT_S
     try:
         while time.monotonic() < deadline:

@@ -44,7 +44,7 @@ from batching.bench.workloads import (
     load_workload,
     random_workload,
 )
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.engine.batcher import MODES, Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent
 from batching.engine.geometry import PoolGeometry
 from batching.engine.model_support import UnsupportedModelError, check_supported
@@ -176,7 +176,7 @@ def compile_graphs(loaded: LoadedModel, options: BatcherOptions) -> float | None
     if not options.compile_steps:
         return None
     total = 0.0
-    for mode in ("continuous", "static"):
+    for mode in MODES:
         runner = Batcher(loaded.model, loaded.tokenizer, options, mode=mode).runner
         for compiler in (runner.compiler, runner.mixed_compiler):
             if compiler is not None:
@@ -377,7 +377,7 @@ def summary(points: list[SweepPoint], slo: Slo, series: Sequence[str]) -> dict:
         "headline": None,
         "ratio": None,
     }
-    if set(series) == {"continuous", "static"}:
+    if set(series) == set(MODES):
         result["headline"] = headline(found["continuous"], found["static"], slo)
         result["ratio"] = goodput_ratio(found["continuous"], found["static"])
     result["lines"] = goodput_lines(found, slo) + knee_lines(bends)
@@ -406,7 +406,7 @@ def run(args: argparse.Namespace) -> dict:
                 compile_s = compile_graphs(loaded, options)
                 clock = lane_clock(loaded, args.wall_clock)
                 done = sweep_in_process(loaded, options, mix, spec, slo, clock, lambda: bar.update(1))
-                series = ["continuous", "static"]
+                series = list(MODES)
     finally:
         torch.set_num_threads(threads)
     points = done.points

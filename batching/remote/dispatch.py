@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import httpx2
 
+from batching.engine.batcher import MODES, Mode
 from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
@@ -30,8 +30,6 @@ from batching.remote.stream import Api, RemoteRequest, request_body, stream_answ
 from batching.remote.telemetry import TelemetrySample
 from batching.runs import RunRecord
 
-Mode = Literal["continuous", "static"]
-MODES: tuple[Mode, ...] = ("continuous", "static")
 SAMPLE_EVERY_S = 0.1
 UNKNOWN_TOKEN = -1  # a server streams text, not token ids
 IDLE_EXIT_S = 120.0  # a run nobody submits to or closes for this long stops its thread
