@@ -82,7 +82,7 @@ def replay_all(service: EngineClient, streaming: RunStream, engine: dict, slot: 
         done = run.replayed * len(run.views)
         text = f"Measuring: replay {run.replayed + 1} of {len(REPLAY_ORDER)}, {mode} batching"
         bar = slot.progress(done / total, text=text)
-        with service.open_private(mode, BatcherOptions(**engine)) as batcher:  # stepped in the engine process
+        with service.private.open_private(mode, BatcherOptions(**engine)) as batcher:  # stepped in the engine process
             replay = batcher.run(*run.replay_queue())
             for event in replay.events():
                 if isinstance(event, FinishedEvent):

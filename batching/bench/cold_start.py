@@ -29,7 +29,7 @@ COMPILE_TIMEOUT_S = 1800.0
 def wait_until_compiled(client: EngineClient) -> float:
     """Wait (the engine idle, so its compile runs) until every graph is made; returns the seconds waited."""
     started = time.monotonic()
-    while (stage := client.compile_state.stage) != "compiled":
+    while (stage := client.lifecycle.stats.compile.stage) != "compiled":
         if stage in ("failed", "off", "waiting"):  # waiting: no decode step asked for a graph
             raise RuntimeError(f"the engine's compiled steps are {stage}: nothing to compare with")
         if time.monotonic() - started > COMPILE_TIMEOUT_S:
@@ -49,7 +49,7 @@ def one_start(settings: Settings, workloads: Sequence[str]) -> dict:
             first: dict[str, RaceResult] = {name: race_once(client, *queues[name]) for name in workloads}
             waited = wait_until_compiled(client)
             after: dict[str, RaceResult] = {name: race_once(client, *queues[name]) for name in workloads}
-            compile_s = client.compile_state.seconds
+            compile_s = client.lifecycle.stats.compile.seconds
         finally:
             client.close()
     return {"first": first, "after": after, "waited_s": waited, "compile_s": compile_s}

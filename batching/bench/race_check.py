@@ -70,7 +70,7 @@ class RaceResult:
 
 def race_once(client: EngineClient, options: BatcherOptions, items: list, schedule: Schedule) -> RaceResult:
     """One race to its end."""
-    race: RaceHandle = client.start_race(options, items, schedule)
+    race: RaceHandle = client.private.start_race(options, items, schedule)
     records: dict[str, RunRecord] = {mode: RunRecord(mode, 0.0) for mode in MODES}
     deadline = time.monotonic() + RACE_TIMEOUT_S
     try:
