@@ -481,43 +481,17 @@ def _benchmark(
         except GGUFConversionError as exc:
             raise BenchError(f"llamacpp: {exc}") from None
     plan = make_plan(args, settings, loaded, inputs)
-    vllm_setup = vllm_settings(loaded, plan) if vllm is not None else None
+    vllm_setup = (vllm, vllm_settings(loaded, plan)) if vllm is not None else None
     compile_s = compile_steps(plan, loaded)
     with contextlib.ExitStack() as stack:
-        peers: dict[str, Peer] = {}
-        if "hf" in plan.modes:
-            peers["hf"] = stack.enter_context(start_peer(args, settings, plan))
-        if llamacpp is not None:
-            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-llamacpp-")))
-            extra = shlex.split(args.llamacpp_args)
-            peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir))
-        if vllm is not None and vllm_setup is not None:
-            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
-            server = stack.enter_context(vllm_server(vllm, vllm_setup, log_dir / "vllm-server.log"))
-            peers["vllm"] = VllmPeer(server.url, loaded.name, plan.options.max_batch_size, server.cpu_s)
+        peers = _start_peers(stack, args, settings, (plan, loaded), llamacpp, vllm_setup)
         runs = run_all(plan, loaded, peers, args.repeat, show=not args.no_progress)
     floor = measure_floor(loaded.model, autotune=settings.engine.compile_autotune) if args.floor else None
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}
     modes = {mode: mode_report(run, plan, runs[mode]) for mode, run in medians.items()}
     compare(modes)
     result = {
-        "workload": plan.workload.name,
-        "requests": len(plan.caps),
-        "arrivals": plan.schedule.description,
-        "model": loaded.name,
-        "device": str(loaded.device),
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-        "batch_size": plan.options.max_batch_size,
-        "policy": plan.options.policy,
-        "admission": plan.options.admission,
-        "max_batched_tokens": plan.options.max_batched_tokens,
-        "kv": {
-            "block_size": plan.options.block_size,
-            "kv_cache_tokens": plan.options.kv_cache_tokens,
-            "kv_cache_mb": plan.options.kv_cache_mb,
-            "prefix_caching": plan.options.prefix_caching,
-        },
-        "ignore_eos": plan.ignore_eos,
+        **_setup(plan, loaded),
         "repeat": args.repeat,
         "machine": machine_info(loaded),
         "modes": modes,
@@ -536,6 +510,55 @@ def _benchmark(
             plan.workload.name,
         )
     return result
+
+
+def _start_peers(
+    stack: contextlib.ExitStack,
+    args: argparse.Namespace,
+    settings: Settings,
+    planned: tuple[Plan, LoadedModel],
+    llamacpp: list[str] | None,
+    vllm: tuple[Path, VllmSettings] | None,
+) -> dict[str, Peer]:
+    """Every peer the plan runs, started on `stack` (stopped when it closes)."""
+    plan, loaded = planned
+    peers: dict[str, Peer] = {}
+    if "hf" in plan.modes:
+        peers["hf"] = stack.enter_context(start_peer(args, settings, plan))
+    if llamacpp is not None:
+        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-llamacpp-")))
+        extra = shlex.split(args.llamacpp_args)
+        peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir))
+    if vllm is not None:
+        python, setup = vllm
+        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
+        server = stack.enter_context(vllm_server(python, setup, log_dir / "vllm-server.log"))
+        peers["vllm"] = VllmPeer(server.url, loaded.name, plan.options.max_batch_size, server.cpu_s)
+    return peers
+
+
+def _setup(plan: Plan, loaded: LoadedModel) -> dict:
+    """What was run, on what: the head of the result's JSON."""
+    options = plan.options
+    return {
+        "workload": plan.workload.name,
+        "requests": len(plan.caps),
+        "arrivals": plan.schedule.description,
+        "model": loaded.name,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "batch_size": options.max_batch_size,
+        "policy": options.policy,
+        "admission": options.admission,
+        "max_batched_tokens": options.max_batched_tokens,
+        "kv": {
+            "block_size": options.block_size,
+            "kv_cache_tokens": options.kv_cache_tokens,
+            "kv_cache_mb": options.kv_cache_mb,
+            "prefix_caching": options.prefix_caching,
+        },
+        "ignore_eos": plan.ignore_eos,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
