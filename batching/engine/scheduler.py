@@ -201,11 +201,9 @@ class ContinuousScheduler:
         """Fill free slots from the waiting queue while each one's first chunk fits in free blocks (after its
         cached prefix); none after a preemption this step, as vLLM does. A request whose next uncached prompt block
         a prefilling request computes (one admitted now, or earlier and still prefilling) keeps its place at the head
-        of the queue and lets the next ones in: it joins once that block is cached.
-
-        Measured on a Qwen2-0.5B-shaped model (1 thread, seed-lab's 32 equal 39-token prompts, runs alternating in
-        one process): the first step computed eight prompts (312 tokens), now one, the other seven joining a step
-        later with 32 of their tokens cached; 34.1 to 38.4 tok/s, TTFT p50 5.6 to 3.6 s."""
+        of the queue and lets the next ones in: it joins once that block is cached, so requests arriving together
+        with a shared prefix compute it once (SGLang's in-batch prefix caching; what it gained: docs/benchmarks.md).
+        """
         self._reasons = {}
         if self._preempted_now or not free_slots or not len(self.waiting):  # every step asks: most have no one to admit
             self._stalled = WaitReason.NO_BLOCKS if self._preempted_now else WaitReason.NO_SLOT
