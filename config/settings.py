@@ -67,6 +67,10 @@ class GenerationSettings(BaseModel):
     seed: int = Field(0, ge=0, le=2**63 - 1)  # int64, as the engine's SamplingParams (batching/engine/params.py)
 
 
+# The batching settings that name one of the engine's choices (config/choices.py), and those choices
+ENGINE_CHOICES: dict[str, tuple] = {"block_size": BLOCK_SIZES, "policy": POLICY_NAMES, "admission": ADMISSION_NAMES}
+
+
 def _one_of(value: Any, choices: tuple) -> Any:
     """`value` if it is one of `choices`, else a ValueError listing them (names quoted, as pydantic lists them)."""
     if value not in choices:
@@ -102,20 +106,10 @@ class BatchingSettings(BaseModel):
     block_size: int = Field(16, description="KV positions per block: one of 1, 2, 4, ... 256")
     prefix_caching: bool = Field(True, description="continuous batching reuses the cached blocks of equal prefixes")
 
-    @field_validator("block_size")
+    @field_validator(*ENGINE_CHOICES)
     @classmethod
-    def _block_size_is_a_power_of_two(cls, size: int) -> int:
-        return _one_of(size, BLOCK_SIZES)
-
-    @field_validator("policy")
-    @classmethod
-    def _policy_is_the_schedulers(cls, policy: str) -> str:
-        return _one_of(policy, POLICY_NAMES)
-
-    @field_validator("admission")
-    @classmethod
-    def _admission_is_the_schedulers(cls, admission: str) -> str:
-        return _one_of(admission, ADMISSION_NAMES)
+    def _one_of_the_engines_choices(cls, value: Any, info: ValidationInfo) -> Any:
+        return _one_of(value, ENGINE_CHOICES[info.field_name or ""])
 
     @field_validator("max_batched_tokens")
     @classmethod

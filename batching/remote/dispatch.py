@@ -28,7 +28,7 @@ from batching.remote.endpoint import Endpoint, describe_failure
 from batching.remote.poller import POLL_EVERY_S, TelemetryPoller
 from batching.remote.stream import Api, RemoteRequest, request_body, stream_answer
 from batching.remote.telemetry import TelemetrySample
-from batching.runs import RunRecord
+from batching.runs import RunRecord, drain
 
 SAMPLE_EVERY_S = 0.1
 UNKNOWN_TOKEN = -1  # a server streams text, not token ids
@@ -138,14 +138,7 @@ class RemoteRun:
 
     def poll(self, timeout: float = 0.0) -> list[Event]:
         """The events since the last poll, waiting up to `timeout` s for the first."""
-        events: list[Event] = []
-        try:
-            events.append(self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait())
-            while True:
-                events.append(self._events.get_nowait())
-        except queue.Empty:
-            pass
-        return events
+        return drain(self._events, timeout)
 
     def cancel_all(self) -> None:
         """Stop every request: those in flight are cut, those waiting end as cancelled."""

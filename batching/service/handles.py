@@ -19,7 +19,7 @@ from batching.engine.events import Event
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.race import LaneStep, check_pause
-from batching.runs import RunRecord
+from batching.runs import RunRecord, drain
 from batching.service.messages import RaceEnded, RacePace, RunEnded, StopRace
 
 Item = tuple[str | Sequence[int], RequestParams, str]  # (prompt, params, request id)
@@ -118,14 +118,7 @@ class Session:
         dropped and its requests cancelled.
         """
         self.last_seen = time.monotonic()
-        events: list[Event] = []
-        try:
-            events.append(self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait())
-            while True:
-                events.append(self.inbox.get_nowait())
-        except queue.Empty:
-            pass
-        return events
+        return drain(self.inbox, timeout)
 
     def cancel(self, request_id: str) -> None:
         self.service.cancel([request_id])
