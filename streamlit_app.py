@@ -35,7 +35,9 @@ def main() -> None:
 
     settings = frame.settings_or_stop()
     service = frame.model_or_stop(settings)
-    builder = service.builder(engine_options(settings, settings.batching.max_batch_size, settings.batching.policy))
+    builder = service.admission.builder(
+        engine_options(settings, settings.batching.max_batch_size, settings.batching.policy)
+    )
     st.caption(frame.model_line(service.info, builder))
 
     opens_on = REMOTE if settings.remote.url else RACE  # a server set in the settings is what the page opens on

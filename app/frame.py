@@ -158,12 +158,15 @@ def model_line(info: EngineInfo, builder: RequestBuilder) -> str:
 def engine_lines(service: EngineClient, settings: Settings) -> None:
     """Restart the engine process (with a warning) if it had died; say how many batchers are live, and where the
     OpenAI-compatible API of this server listens when `BATCHSCOPE_SERVER__PORT` is set."""
-    if service.ensure_running():
+    engine = service.lifecycle
+    if engine.ensure_running():
         st.warning(
-            f"The shared engine had stopped ({service.last_error}); it was restarted (restart {service.restarts})."
+            f"The shared engine had stopped ({engine.last_error}); it was restarted (restart {engine.restarts})."
         )
-    st.sidebar.caption(f"Batchers live: {service.live_batchers} (at most {settings.engine.max_shared_batchers} shared)")
-    st.sidebar.caption(compile_caption(service.compile_state))
+    st.sidebar.caption(
+        f"Batchers live: {engine.stats.live_batchers} (at most {settings.engine.max_shared_batchers} shared)"
+    )
+    st.sidebar.caption(compile_caption(engine.stats.compile))
     port = settings.server.port
     if port is not None:
         get_api(service, settings.model_dump_json(), port)

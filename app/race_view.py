@@ -12,13 +12,11 @@ import pandas as pd
 
 from app.baton import Baton
 from app.live_run import LiveRun, RequestView
+from batching.engine.batcher import MODES
 from batching.engine.events import Event, FinishedEvent
 from batching.engine.params import RequestParams, SamplingParams
-from batching.race import RACE_MODES
 from batching.runs import RunRecord
 from utils.metrics import steps_kind
-
-LANE_NAMES = {"continuous": "continuous", "static": "static"}
 
 
 @dataclass
@@ -33,15 +31,17 @@ class RaceRun:
     ended: bool = False
 
     def __post_init__(self) -> None:
-        self.lanes = {mode: LiveRun(0.0, self.prefix, self.slots, self.sampling, mode=mode) for mode in RACE_MODES}
-        self.elapsed = dict.fromkeys(RACE_MODES, 0.0)
-        self._views: dict[str, dict[str, RequestView]] = {mode: {} for mode in RACE_MODES}
+        self.lanes: dict[str, LiveRun] = {
+            mode: LiveRun(0.0, self.prefix, self.slots, self.sampling, mode=mode) for mode in MODES
+        }
+        self.elapsed: dict[str, float] = dict.fromkeys(MODES, 0.0)
+        self._views: dict[str, dict[str, RequestView]] = {mode: {} for mode in MODES}
         self.baton = Baton()  # the script run that follows this race (app.baton)
 
     @property
     def views(self) -> list[RequestView]:
         """The prompts, as the first lane shows them (headings and numbers are the same on every lane)."""
-        return self.lanes[RACE_MODES[0]].views
+        return self.lanes[MODES[0]].views
 
     def plan(self, prompt: str, formatted: str, max_new_tokens: int, offset_s: float) -> str:
         """Plan a prompt on every lane; returns its request id (the same on every lane)."""
@@ -53,12 +53,12 @@ class RaceRun:
         return request_id
 
     def params(self, request_id: str) -> RequestParams:
-        mode = RACE_MODES[0]
+        mode = MODES[0]
         return self.lanes[mode].params(self._views[mode][request_id])
 
     def items(self) -> list[tuple[str, RequestParams, str]]:
         """(prompt, params, request id) of every planned prompt, to start the race with."""
-        views = self._views[RACE_MODES[0]]
+        views = self._views[MODES[0]]
         return [(view.formatted, self.params(request_id), request_id) for request_id, view in views.items()]
 
     def apply(self, mode: str, events: Sequence[Event], arrived: Iterable[tuple[str, float]], elapsed: float) -> None:
@@ -110,7 +110,7 @@ class RaceRun:
         return {mode: lane.record for mode, lane in self.lanes.items()}
 
     def labels(self) -> dict[str, str]:
-        return self.lanes[RACE_MODES[0]].labels()
+        return self.lanes[MODES[0]].labels()
 
     def latency_frame(self, mode: str) -> pd.DataFrame:
         """A lane's latency bars; its unfinished requests end at the lane's clock now."""
@@ -120,7 +120,7 @@ class RaceRun:
         counts = self.lanes[mode].counts()
         clock = self.elapsed[mode]
         kind = steps_kind(self.lanes[mode].record)
-        return f"{LANE_NAMES[mode]}: {counts['done']} of {len(self.views)} done at {clock:.2f} s ({kind})"
+        return f"{mode}: {counts['done']} of {len(self.views)} done at {clock:.2f} s ({kind})"
 
     def progress_line(self) -> str:
         """Where each lane stands, on its own clock: both clocks are kept within one step of each other."""

@@ -11,6 +11,7 @@ from streamlit.delta_generator import DeltaGenerator
 from batching.arrivals import Schedule
 from batching.engine.params import SamplingParams
 from batching.remote import APIS, Api, Endpoint, RemoteError, endpoint_from_settings, fetch_model
+from config.choices import ADMISSION_NAMES, FCFS, LONGEST_FIRST, POLICY_NAMES, PREEMPT, RESERVE, SHORTEST_FIRST
 from config.settings import GenerationSettings, Settings
 from utils.plain_text import escape_markdown
 
@@ -19,10 +20,10 @@ SEED_NOTE = (
     "Request #n samples with seed + n − 1: identical prompts get different answers, and the same queue gets the same "
     "answers run after run. The seed also draws Poisson arrivals."
 )
-POLICY_NAMES = {
-    "fcfs": "first come, first served",
-    "shortest-first": "shortest cap first",
-    "longest-first": "longest cap first",
+POLICY_LABELS = {
+    FCFS: "first come, first served",
+    SHORTEST_FIRST: "shortest cap first",
+    LONGEST_FIRST: "longest cap first",
 }
 REMOTE_RUN_NOTE = (
     "On a remote server: continuous (up to N requests in flight) and static waves of N, after one warm-up request; "
@@ -79,7 +80,7 @@ def engine_choices(settings: Settings) -> tuple[int, str]:
         "Scheduling policy",
         policies,
         index=policies.index(settings.batching.policy),
-        format_func=POLICY_NAMES.__getitem__,
+        format_func=POLICY_LABELS.__getitem__,
         help="Which waiting request gets the next free slot.",
         key="policy",
     )
@@ -195,9 +196,9 @@ def remote_server_choice(settings: Settings, controls: DeltaGenerator) -> Remote
     return RemoteChoice(endpoint, model, api, remote.telemetry_interval_s, problem)
 
 
-ADMISSION_NAMES = {
-    "preempt": "admit by need, preempt when blocks run out (vLLM)",
-    "reserve": "reserve prompt + cap, never preempt (TensorRT-LLM)",
+ADMISSION_LABELS = {
+    PREEMPT: "admit by need, preempt when blocks run out (vLLM)",
+    RESERVE: "reserve prompt + cap, never preempt (TensorRT-LLM)",
 }
 BLOCK_SIZE_CHOICES = (4, 8, 16, 32, 64)
 
@@ -241,7 +242,7 @@ def scheduler_knobs(controls: DeltaGenerator, settings: Settings) -> SchedulerKn
             "Admission policy",
             admissions,
             index=admissions.index(batching.admission),
-            format_func=ADMISSION_NAMES.__getitem__,
+            format_func=ADMISSION_LABELS.__getitem__,
             key="admission",
             help="Continuous lane only. vLLM admits a request when its first chunk's blocks are free and preempts the "
             "newest when a running one needs a block; TensorRT-LLM's guaranteed-no-evict reserves the prompt and "

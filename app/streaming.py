@@ -101,10 +101,10 @@ class RedrawPacing:
         return max(0.0, self._last_text + self.text_every_s - self.clock())
 
 
-class Stream(RedrawPacing):
+class RunStream(RedrawPacing):
     """One script run's view of a live run: `tick()` until `Redraw.done`, sleeping `pause()` in between.
 
-    A click elsewhere starts a new script run, which makes a new `Stream` on the same `LiveRun` (taking its baton,
+    A click elsewhere starts a new script run, which makes a new `RunStream` on the same `LiveRun` (taking its baton,
     `app.baton`) before it draws every view afresh, and picks up where the last one left off; the old one's next
     tick says it is superseded, without polling.
     """
@@ -169,6 +169,9 @@ class RaceEnd(Protocol):
     @property
     def error(self) -> str | None: ...
 
+    @property
+    def clock(self) -> str: ...
+
 
 class RaceSource(Protocol):
     """What the loop needs of a race in the engine (`batching.service.RaceHandle`)."""
@@ -191,7 +194,7 @@ class RaceRedraw:
 class RaceStream(RedrawPacing):
     """One script run's view of a race: `tick()` until `RaceRedraw.done`, sleeping `pause()` in between.
 
-    Like `Stream`, a new script run makes a new `RaceStream` on the same `RaceRun` (taking its baton) and picks up
+    Like `RunStream`, a new script run makes a new `RaceStream` on the same `RaceRun` (taking its baton) and picks up
     where it was.
     """
 

@@ -13,26 +13,15 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from app.baton import Baton, Follower
+from app.streaming import RaceEnd
 from batching.arrivals import Schedule
+from batching.engine.batcher import MODES
 from batching.engine.events import FinishedEvent
-from batching.race import RACE_MODES, LaneStep
+from batching.race import LaneStep
 from batching.runs import RunRecord
 from batching.sweep import SweepSpec, auto_rates, capacity, format_rates
 from utils.metrics import steps_kind
 from utils.sweep import Slo, SweepPoint, record_point
-
-
-class RaceEnd(Protocol):
-    """The engine's word that a race is over (`batching.service.messages.RaceEnded`)."""
-
-    @property
-    def walls(self) -> tuple[tuple[str, float, float], ...]: ...
-
-    @property
-    def error(self) -> str | None: ...
-
-    @property
-    def clock(self) -> str: ...
 
 
 class SweepRace(Protocol):
@@ -81,7 +70,7 @@ class LiveSweep:
         self.index = 0  # the rate running now (len(rates) once every rate is done)
         self.race: SweepRace | None = None
         self.lanes: dict[str, RunRecord] = {}
-        self.finished = dict.fromkeys(RACE_MODES, 0)
+        self.finished: dict[str, int] = dict.fromkeys(MODES, 0)
         self.baton = Baton()  # the script run that follows this sweep (app.baton)
         self.started = self.timer()
         self.lane_clock = "wall"  # what the lanes' clocks counted during their steps (the engine says: cpu or wall)
@@ -96,8 +85,8 @@ class LiveSweep:
 
     def _start(self, index: int) -> None:
         self.index = index
-        self.lanes = {mode: RunRecord(mode, 0.0, slots=self.slots) for mode in RACE_MODES}
-        self.finished = dict.fromkeys(RACE_MODES, 0)
+        self.lanes = {mode: RunRecord(mode, 0.0, slots=self.slots) for mode in MODES}
+        self.finished = dict.fromkeys(MODES, 0)
         if index == CALIBRATION:
             schedule = Schedule.at_once(self.spec.requests)
         else:
@@ -219,12 +208,12 @@ class LiveSweep:
         """Requests finished so far, on both lanes of every race (the progress bar's count)."""
         running = sum(self.finished.values()) if self.race is not None else 0
         races = len(self.records) + (1 if self.capacities else 0)
-        return races * self.spec.requests * len(RACE_MODES) + running
+        return races * self.spec.requests * len(MODES) + running
 
     def total_requests(self) -> int:
         """Requests the whole sweep finishes on both lanes, its calibration race included."""
         races = len(self.spec.rates) + (1 if self.capacities else 0) if not self.spec.auto else None
-        return self.spec.total_requests if races is None else races * self.spec.requests * len(RACE_MODES)
+        return self.spec.total_requests if races is None else races * self.spec.requests * len(MODES)
 
     def progress(self) -> float:
         if self.ended and not self.stopped and self.error is None:
@@ -241,7 +230,7 @@ class LiveSweep:
             verb = "Stopped" if self.stopped else "Done"
             took = f" in {self.wall_s:.0f} s" if self.wall_s is not None else ""
             return f"{verb}: {swept} swept, {self.spec.requests} requests each{took}."
-        lanes = ", ".join(f"{mode} {self.finished[mode]}/{self.spec.requests}" for mode in RACE_MODES)
+        lanes = ", ".join(f"{mode} {self.finished[mode]}/{self.spec.requests}" for mode in MODES)
         if self.calibrating:
             return f"Picking the rates: every request at once on both lanes · {lanes} done"
         return f"Rate {self.index + 1} of {count}: {self.rate:g} requests/s · {lanes} done"
@@ -250,7 +239,7 @@ class LiveSweep:
         """How `auto` picked the rates, once it has."""
         if not self.capacities:
             return None
-        served = ", ".join(f"{mode} {self.capacities[mode]:.3g}" for mode in RACE_MODES)
+        served = ", ".join(f"{mode} {self.capacities[mode]:.3g}" for mode in MODES)
         return (
             f"Rates picked for this machine: {format_rates(self.spec.rates)} requests/s, from 0.4 of the lower to 4 "
             f"times the higher of what each schedule served with every request at once ({served} requests/s)."

@@ -20,12 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from batching.arrivals import Schedule
-from batching.engine.batcher import Batcher
+from batching.engine.batcher import MODES, Batcher
 from batching.engine.events import Event
 from batching.engine.request import Request
 from batching.runs import WALL, LaneClock, ScheduledRun, StepClock
 
-RACE_MODES = ("continuous", "static")
 MAX_PAUSE_S = 1.0
 
 
@@ -76,7 +75,7 @@ class Race:
         requests: Sequence[Request],
         schedule: Schedule,
         pause_s: float = 0.0,
-        modes: Sequence[str] = RACE_MODES,
+        modes: Sequence[str] = MODES,
         clock: LaneClock = WALL,
     ) -> None:
         if len(requests) != len(schedule):

@@ -7,9 +7,11 @@ definition: from the moment the arrival clock starts to the end of the step that
 from __future__ import annotations
 
 import math
+import queue
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from batching.arrivals import ArrivalDriver, Schedule
 from batching.engine.batcher import Batcher
@@ -174,3 +176,19 @@ def step_once(batcher: Batcher, driver: ArrivalDriver) -> list[Event] | None:
     while not batcher.has_work and not driver.done:
         driver.wait_idle()
     return batcher.step() if batcher.has_work else None
+
+
+T = TypeVar("T")
+
+
+def drain(inbox: queue.Queue[T] | queue.SimpleQueue[T], timeout: float = 0.0) -> list[T]:
+    """Everything waiting in `inbox`, after waiting up to `timeout` s for the first (0: no wait): how a run's
+    consumer polls the events another thread puts there."""
+    found: list[T] = []
+    try:
+        found.append(inbox.get(timeout=timeout) if timeout > 0 else inbox.get_nowait())
+        while True:
+            found.append(inbox.get_nowait())
+    except queue.Empty:
+        pass
+    return found

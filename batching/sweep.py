@@ -7,12 +7,12 @@ sweep's data; `utils.sweep` turns it into latency percentiles, SLO attainment, g
 
 Where a step's work all runs on the stepping thread (a CPU model on one torch thread), the lanes' clocks count that
 thread's CPU time (`batching.runs.CPU`): a sweep lasts minutes, and on a machine shared with other jobs wall time
-during a step was up to three times its CPU time here, at random, which moved knees and goodput by 2x run to run.
+during a step could be several times its CPU time, at random, which moved knees and goodput from run to run.
 
 The rates may be picked for the machine (`auto`): one race of every request at once first measures what each
 schedule serves when it is never idle (its capacity, requests/s), and the sweep then spans from 0.4 of the lower
 capacity to 4 times the higher, so it starts below static's knee and ends near every request at once, past
-continuous's knee, however fast the machine is (compiled steps, or a quieter hour, move them 2-3x).
+continuous's knee, however fast the machine is (compiled steps, or a quieter hour, move them severalfold).
 
 The page runs each rate as a private race in the engine process (`app.sweep_view`); the CLI
 (`python -m batching.bench.sweep`) and the tests run them here, in-process, with `run_rate`.

@@ -12,13 +12,13 @@ from dotenv import dotenv_values
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from config.choices import ADMISSION_NAMES, BLOCK_SIZES, FCFS, POLICY_NAMES, PREEMPT
+
 ENV_PREFIX = "BATCHSCOPE_"
 ENV_DELIMITER = "__"
 ENV_FILE = ".env"  # in the working folder
 ENV_FILE_ENCODING = "utf-8"
 
-Policy = Literal["fcfs", "shortest-first", "longest-first"]
-Admission = Literal["preempt", "reserve"]
 # The Q/A format the embedded model was trained on (model.prompting fills it).
 DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly customer-support assistant for an online shop. Answer the customer's question."
@@ -67,7 +67,16 @@ class GenerationSettings(BaseModel):
     seed: int = Field(0, ge=0, le=2**63 - 1)  # int64, as the engine's SamplingParams (batching/engine/params.py)
 
 
-BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# The batching settings that name one of the engine's choices (config/choices.py), and those choices
+ENGINE_CHOICES: dict[str, tuple] = {"block_size": BLOCK_SIZES, "policy": POLICY_NAMES, "admission": ADMISSION_NAMES}
+
+
+def _one_of(value: Any, choices: tuple) -> Any:
+    """`value` if it is one of `choices`, else a ValueError listing them (names quoted, as pydantic lists them)."""
+    if value not in choices:
+        shown = [repr(choice) if isinstance(choice, str) else str(choice) for choice in choices]
+        raise ValueError(f"should be {', '.join(shown[:-1])} or {shown[-1]}")
+    return value
 
 
 class BatchingSettings(BaseModel):
@@ -75,9 +84,9 @@ class BatchingSettings(BaseModel):
 
     max_batch_size: int = Field(8, ge=1, le=256, description="slots: requests decoded together")
     max_batched_tokens: int = Field(512, ge=16, le=65536, description="prefill + decode tokens per step")
-    policy: Policy = "fcfs"
-    admission: Admission = Field(
-        "preempt",
+    policy: str = Field(FCFS, description=f"admission order: {', '.join(POLICY_NAMES)}")
+    admission: str = Field(
+        PREEMPT,
         description="continuous batching's KV blocks: preempt (admit by the prompt's first chunk, preempt the newest "
         "when blocks run out, as vLLM) or reserve (prompt + cap at admission, never preempt, as TensorRT-LLM's "
         "guaranteed-no-evict)",
@@ -97,12 +106,10 @@ class BatchingSettings(BaseModel):
     block_size: int = Field(16, description="KV positions per block: one of 1, 2, 4, ... 256")
     prefix_caching: bool = Field(True, description="continuous batching reuses the cached blocks of equal prefixes")
 
-    @field_validator("block_size")
+    @field_validator(*ENGINE_CHOICES)
     @classmethod
-    def _block_size_is_a_power_of_two(cls, size: int) -> int:
-        if size not in BLOCK_SIZES:
-            raise ValueError(f"must be one of {', '.join(map(str, BLOCK_SIZES))}")
-        return size
+    def _one_of_the_engines_choices(cls, value: Any, info: ValidationInfo) -> Any:
+        return _one_of(value, ENGINE_CHOICES[info.field_name or ""])
 
     @field_validator("max_batched_tokens")
     @classmethod

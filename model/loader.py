@@ -76,7 +76,7 @@ def resolve_source(name_or_path: str) -> str:
         if not (BUILTIN_MODEL_DIR / "config.json").is_file():
             raise ModelLoadError(
                 f"the embedded model is missing from {BUILTIN_MODEL_DIR}; rebuild it with "
-                f"`python -m model.train_builtin` or set {MODEL_SETTING} to a folder or hub id"
+                f"`python -m training.train` or set {MODEL_SETTING} to a folder or hub id"
             )
         return str(BUILTIN_MODEL_DIR)
     looks_like_path = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).expanduser().exists()

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("config", "model", "batching", "utils", "app")
-OURS = ("config", "model", "batching", "utils", "app", "streamlit_app")
+SOURCE_DIRS = ("config", "model", "training", "batching", "utils", "app")
+OURS = ("config", "model", "training", "batching", "utils", "app", "streamlit_app")
 PAGE = ("streamlit_app", "app")  # the frame and the package of its views and sections
 # The page's own models, tested without Streamlit: the queue, a run's follower, a run's live view, a race's view,
 # the streaming loops, a sweep's view.
@@ -76,13 +76,24 @@ def _streamlit_imports(path: Path) -> set[str]:
 def test_the_layering_test_sees_the_project() -> None:
     assert len(MODULES) > 30, f"found only {len(MODULES)} modules under {ROOT}"
     assert "batching.engine.batcher" in MODULES and "streamlit_app" in MODULES
+    assert {"training.train", "training.corpus", "training.evaluate", "model.loader"} <= set(MODULES)
     assert {"app.views.race", "app.sections.queue", *PAGE_MODELS} <= set(MODULES)
 
 
+# The names of the engine's choices (block sizes, policies, admissions), defined once where the settings and the
+# engine can both import them: plain values, importing nothing.
+CHOICES = "config.choices"
+
+
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) == "batching.engine"))
-def test_the_engine_core_imports_nothing_else_of_ours(module: str) -> None:
-    outside = {imp for imp in GRAPH[module] if _unit(imp) != "batching.engine"}
+def test_the_engine_core_imports_nothing_else_of_ours_but_the_names_of_its_choices(module: str) -> None:
+    outside = {imp for imp in GRAPH[module] if _unit(imp) != "batching.engine" and imp != CHOICES}
     assert not outside, f"{module} imports {sorted(outside)}"
+
+
+def test_the_names_of_the_choices_import_nothing() -> None:
+    tree = ast.parse(MODULES[CHOICES].read_text(encoding="utf-8"))
+    assert not [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) == "config"))
@@ -126,6 +137,7 @@ def test_no_module_imports_a_view() -> None:
 ORDER = [
     "config",
     "model",
+    "training",
     "batching.engine",
     "batching.runs",
     "batching.remote",
@@ -146,6 +158,15 @@ def test_units_import_only_units_before_them() -> None:
             continue
         later = {imp for imp in imports if _unit(imp) in rank and rank[_unit(imp)] > rank[unit]}
         assert not later, f"{module} ({unit}) imports {sorted(later)}, which come after it"
+
+
+def test_nothing_of_ours_imports_the_training_and_it_imports_only_the_settings_and_the_loader() -> None:
+    """The embedded model's training is a tool that writes model/builtin: the app, engine and server only load it."""
+    for module, imports in GRAPH.items():
+        if _unit(module) == "training":
+            assert {_unit(imp) for imp in imports} <= {"training", "model", "config"}, module
+        else:
+            assert not {imp for imp in imports if _unit(imp) == "training"}, module
 
 
 def test_there_are_no_import_cycles_between_modules() -> None:

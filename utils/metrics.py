@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
@@ -118,20 +118,22 @@ def steps_frame(run: RunRecord) -> pd.DataFrame:
     )
 
 
-def _wait_counts(waiting: Sequence) -> dict[str, int]:
-    counts = dict.fromkeys(WAIT_COLUMNS.values(), 0)
+def _by_reason(waiting: Iterable) -> dict[WaitReason, int]:
+    """How many of the waiting entries name each reason, every reason listed, in the reasons' order."""
+    counts = dict.fromkeys(WaitReason, 0)
     for entry in waiting:
-        counts[WAIT_COLUMNS[entry.reason]] += 1
+        counts[entry.reason] += 1
     return counts
+
+
+def _wait_counts(waiting: Sequence) -> dict[str, int]:
+    return {WAIT_COLUMNS[reason]: count for reason, count in _by_reason(waiting).items()}
 
 
 def wait_reason_counts(run: RunRecord) -> dict[str, int]:
     """Request-steps spent waiting, by reason (a request waiting 3 steps for a slot counts 3), every reason listed."""
-    counts = dict.fromkeys((reason.value for reason in WaitReason), 0)
-    for step in run.steps:
-        for entry in step.waiting:
-            counts[entry.reason.value] += 1
-    return counts
+    waiting = (entry for step in run.steps for entry in step.waiting)
+    return {reason.value: count for reason, count in _by_reason(waiting).items()}
 
 
 def wait_reasons_frame(runs: dict[str, RunRecord]) -> pd.DataFrame:

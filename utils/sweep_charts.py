@@ -155,25 +155,26 @@ def latency_chart(
     return alt.layer(*layers).properties(title=heading, height=CHART_HEIGHT)
 
 
-def throughput_chart(points: pd.DataFrame, knees: Mapping[tuple[str, str], float | None]) -> alt.LayerChart:
-    """Output tokens per second against the rate, one line per series, each knee (saturation) ringed."""
-    rates = sorted(set(points["rate"]))
-    colour = _colour(points)
-    x = _x(rates)
-    lines = (
+def _series_lines(points: pd.DataFrame, x: alt.X, colour: alt.Color, y: alt.Y, *tooltips: alt.Tooltip) -> alt.Chart:
+    """One line with its points per series against the rate; the tooltip names the series and the rate first."""
+    rate = alt.Tooltip("rate:Q", title="rate (requests/s)", format="~g")
+    return (
         alt.Chart(points)
         .mark_line(point=True)
-        .encode(
-            x=x,
-            y=alt.Y("output_throughput:Q", title="output tokens/s"),
-            color=colour,
-            tooltip=[
-                alt.Tooltip("series:N"),
-                alt.Tooltip("rate:Q", title="rate (requests/s)", format="~g"),
-                alt.Tooltip("output_throughput:Q", title="output tokens/s", format=",.0f"),
-                alt.Tooltip("request_throughput:Q", title="requests/s done", format=",.2f"),
-            ],
-        )
+        .encode(x=x, y=y, color=colour, tooltip=[alt.Tooltip("series:N"), rate, *tooltips])
+    )
+
+
+def throughput_chart(points: pd.DataFrame, knees: Mapping[tuple[str, str], float | None]) -> alt.LayerChart:
+    """Output tokens per second against the rate, one line per series, each knee (saturation) ringed."""
+    colour, x = _colour(points), _x(sorted(set(points["rate"])))
+    lines = _series_lines(
+        points,
+        x,
+        colour,
+        alt.Y("output_throughput:Q", title="output tokens/s"),
+        alt.Tooltip("output_throughput:Q", title="output tokens/s", format=",.0f"),
+        alt.Tooltip("request_throughput:Q", title="requests/s done", format=",.2f"),
     )
     ringed = _knee_layer(knee_frame(points, knees, "output_throughput"), colour, x)
     return alt.layer(lines, ringed).properties(title="Output tokens/s against the request rate", height=CHART_HEIGHT)
@@ -199,28 +200,14 @@ def attainment_chart(
 ) -> alt.LayerChart:
     """The share of requests meeting the target against the rate; the goal as a dashed line, each series' goodput
     ringed."""
-    rates = sorted(set(points["rate"]))
-    colour = _colour(points)
-    x = _x(rates)
-    lines = (
-        alt.Chart(points)
-        .mark_line(point=True)
-        .encode(
-            x=x,
-            y=alt.Y(
-                "attainment:Q",
-                title="met the target",  # short: a rotated title longer than the plot pushes the chart's title out
-                axis=alt.Axis(format="%", values=[0, 0.25, 0.5, 0.75, 1]),
-                scale=alt.Scale(domain=[0, 1.06]),  # room above 100% for its points and rings
-            ),
-            color=colour,
-            tooltip=[
-                alt.Tooltip("series:N"),
-                alt.Tooltip("rate:Q", title="rate (requests/s)", format="~g"),
-                alt.Tooltip("attainment:Q", title="met the target", format=".0%"),
-            ],
-        )
+    colour, x = _colour(points), _x(sorted(set(points["rate"])))
+    y = alt.Y(
+        "attainment:Q",
+        title="met the target",  # short: a rotated title longer than the plot pushes the chart's title out
+        axis=alt.Axis(format="%", values=[0, 0.25, 0.5, 0.75, 1]),
+        scale=alt.Scale(domain=[0, 1.06]),  # room above 100% for its points and rings
     )
+    lines = _series_lines(points, x, colour, y, alt.Tooltip("attainment:Q", title="met the target", format=".0%"))
     ringed = _knee_layer(goodput_frame(points, goodputs, goal), colour, x)
     layers = [lines, ringed, _rule(goal, f"goal {goal:.0%}", below=True)]
     return alt.layer(*layers).properties(title="SLO attainment against the request rate", height=CHART_HEIGHT)

@@ -82,7 +82,7 @@ def start(frame: Frame, pause_ms: int, kv_tokens: int, knobs: SchedulerKnobs, qu
     for item, offset in zip(queue.items, schedule.due, strict=True):
         race.plan(item.prompt, frame.formatted(item.prompt), item.max_new_tokens, offset)
     try:
-        handle = frame.service.start_race(options, race.items(), schedule, pause_ms / 1000)
+        handle = frame.service.private.start_race(options, race.items(), schedule, pause_ms / 1000)
     except ValueError as exc:
         state.queue_message = str(exc)
         return

@@ -15,7 +15,7 @@ from app.live_run import LiveRun
 from app.prompt_queue import PromptQueue
 from app.runs import ViewRunBase
 from app.sidebar import RemoteChoice
-from app.streaming import Stream, join_new_items
+from app.streaming import RunStream, join_new_items
 from batching.remote import MODES, WARM_UP_QUESTION, Mode, RemoteError, RemoteRun, RunSetup, warm_up
 
 KEY = "remote_run"
@@ -103,7 +103,7 @@ def stop() -> None:
     st.session_state[KEY].stop()
 
 
-def compared(kept: RemoteViewRun, streaming: Stream, compare: bool, slot: DeltaGenerator) -> dict[str, RemoteRun]:
+def compared(kept: RemoteViewRun, streaming: RunStream, compare: bool, slot: DeltaGenerator) -> dict[str, RemoteRun]:
     """Every pass to report, in the tables' order: the live one, and the other mode's once the live one completed."""
     found: dict[str, RemoteRun] = {kept.live.setup.mode: kept.live}
     if compare and kept.run.completed:
@@ -112,7 +112,7 @@ def compared(kept: RemoteViewRun, streaming: Stream, compare: bool, slot: DeltaG
     return {mode: found[mode] for mode in MODES if mode in found}
 
 
-def second_pass(kept: RemoteViewRun, streaming: Stream, mode: Mode, slot: DeltaGenerator) -> RemoteRun:
+def second_pass(kept: RemoteViewRun, streaming: RunStream, mode: Mode, slot: DeltaGenerator) -> RemoteRun:
     """The same queue sent again in the other mode (started once, resumed by later script runs), with a progress bar.
 
     Only the script run that follows the run starts it: an older one, still going when a click started a newer one,

@@ -14,7 +14,7 @@ from app.frame import Frame
 from app.live_run import REPLAY_ORDER, LiveRun
 from app.prompt_queue import PromptQueue
 from app.runs import ViewRunBase, engine_setup
-from app.streaming import Stream, join_new_items
+from app.streaming import RunStream, join_new_items
 from batching.engine.events import FinishedEvent
 from batching.engine.options import BatcherOptions
 from batching.service import EngineClient, Session
@@ -71,7 +71,7 @@ def stop() -> None:
 # The live run shared its CPU with the page drawing it (and maybe with other users), so its timings are not a fair
 # match for a static run; the headline compares two replays that only differ in how they batch. They run right after
 # the live run, before the page is redrawn, so the browser is quiet while they are timed.
-def replay_all(service: EngineClient, streaming: Stream, engine: dict, slot: DeltaGenerator) -> None:
+def replay_all(service: EngineClient, streaming: RunStream, engine: dict, slot: DeltaGenerator) -> None:
     """Replay the queue in REPLAY_ORDER (resuming where an interrupted script run left off), with a progress bar.
 
     A replay is counted only while this script run follows the run: an older one, still replaying when a click
@@ -82,7 +82,7 @@ def replay_all(service: EngineClient, streaming: Stream, engine: dict, slot: Del
         done = run.replayed * len(run.views)
         text = f"Measuring: replay {run.replayed + 1} of {len(REPLAY_ORDER)}, {mode} batching"
         bar = slot.progress(done / total, text=text)
-        with service.open_private(mode, BatcherOptions(**engine)) as batcher:  # stepped in the engine process
+        with service.private.open_private(mode, BatcherOptions(**engine)) as batcher:  # stepped in the engine process
             replay = batcher.run(*run.replay_queue())
             for event in replay.events():
                 if isinstance(event, FinishedEvent):

@@ -81,7 +81,7 @@ def start(frame: Frame, choice: SweepChoice) -> None:
         return
 
     def start_race(index: int, schedule: Schedule) -> SweepRace:
-        return frame.service.start_race(options, items, schedule, cpu_clock=True)
+        return frame.service.private.start_race(options, items, schedule, cpu_clock=True)
 
     sweep = LiveSweep(choice.spec, choice.slo, options.max_batch_size, start_race)
     try:

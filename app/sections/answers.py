@@ -10,8 +10,8 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from app.live_run import LiveRun, RequestView
-from app.race_view import LANE_NAMES, RaceRun
-from app.streaming import RaceStream, Stream
+from app.race_view import RaceRun
+from app.streaming import RaceStream, RunStream
 from utils.plain_text import card_heading_html
 
 AnswerSlots = tuple[DeltaGenerator, DeltaGenerator]  # a prompt's status line, its answer so far
@@ -54,14 +54,14 @@ def race_answers_section(race: RaceRun) -> tuple[DeltaGenerator, list[LaneSlots]
             lanes = dict(zip(race.lanes, st.columns(2), strict=True))
             answer_slots.append({})
             for mode, column in lanes.items():
-                column.caption(f"**{LANE_NAMES[mode]}**")
+                column.caption(f"**{mode}**")
                 answer_slots[-1][mode] = (column.empty(), column.empty())
                 draw_answer(race.lanes[mode].views[index], answer_slots[-1][mode])
     return progress_slot, answer_slots
 
 
 def stream(
-    streaming: Stream,
+    streaming: RunStream,
     progress_slot: DeltaGenerator,
     answer_slots: list[AnswerSlots],
     draw_live_charts: Callable[[float], None],
@@ -69,7 +69,7 @@ def stream(
     """Submit prompts as they come due (to the shared engine or a remote server), fold the events in, redraw what
     changed (the live charts through `draw_live_charts(now)`), until the run is done.
 
-    A click elsewhere starts a new script run, whose own `Stream` takes the run over: this one then stops here.
+    A click elsewhere starts a new script run, whose own `RunStream` takes the run over: this one then stops here.
     """
     run = streaming.run
     while True:

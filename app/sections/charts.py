@@ -148,14 +148,14 @@ def comparison_charts(run: LiveRun, compare: bool, layout: ChartLayout) -> dict[
     elif not run.completed:
         layout.slots["occupancy"][1].info(NO_COMPARISON)
     else:
-        runs = {"continuous": run.replays["continuous"], "static": run.replays["static"], "live": run.record}
+        runs = {**{mode: run.replays[mode] for mode in MODES}, "live": run.record}
         shared = {
-            "seconds": max(runs[mode].wall_s for mode in ("continuous", "static")),
-            "steps": max(len(runs[mode].steps) for mode in ("continuous", "static")),
+            "seconds": max(runs[mode].wall_s for mode in MODES),
+            "steps": max(len(runs[mode].steps) for mode in MODES),
         }
         layout.notes[0].caption(CONTINUOUS_REPLAYED)
         labels = run.labels()
-        for column, mode in enumerate(("continuous", "static")):
+        for column, mode in enumerate(MODES):
             draw_charts(layout, run, runs[mode], column, charts.latency_frame(runs[mode], labels), None, shared)
     return runs
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import streamlit as st
 
+from batching.engine.batcher import MODES
 from batching.engine.events import StepEvent
 from utils.inspector import WasteMeters, grid_frame, packed_tokens, step_rows_frame, step_waiting_frame
 from utils.inspector_charts import GRID_CAPTION, MASK_CAPTION, mask_chart, packed_sequence_html, token_grid_chart
@@ -27,7 +28,7 @@ def inspector_section(
 ) -> None:
     """The token grid of one run, its waste meters, and one step looked at closely (picked on the grid or slider)."""
     st.header("4 · Inside the steps")
-    modes = [name for name in ("continuous", "static", "live") if name in runs]
+    modes = [name for name in (*MODES, "live") if name in runs]
     mode = st.radio("Run", modes, horizontal=True, key="inspect_run", format_func=names.get)
     record = runs[mode]
     if not any(step.rows for step in record.steps):

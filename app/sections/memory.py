@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
-from app.race_view import LANE_NAMES, RaceRun
+from app.race_view import RaceRun
 from utils.memory import block_tables_frame, last_memory, memory_numbers, memory_steps_frame, peak_memory, pool_frame
 from utils.memory_charts import POOL_CAPTION, STEPS_CAPTION, memory_steps_chart, pool_chart
 
@@ -35,7 +35,7 @@ def memory_layout(modes: tuple[str, ...]) -> dict[str, LaneSlots]:
     columns = st.columns(len(modes), gap="large")
     slots = {}
     for mode, column in zip(modes, columns, strict=True):
-        column.markdown(f"**{LANE_NAMES[mode]}**")
+        column.markdown(f"**{mode}**")
         numbers, pool, steps = column.empty(), column.empty(), column.empty()
         column.caption(STEPS_CAPTION)
         slots[mode] = LaneSlots(numbers, pool, steps, column.empty())
@@ -55,7 +55,7 @@ def memory_charts(race: RaceRun, slots: dict[str, LaneSlots]) -> None:
             lane.numbers.caption("No step yet.")
             continue
         lane.numbers.markdown(numbers.line())
-        lane.pool.altair_chart(pool_chart(pool_frame(view), f"{LANE_NAMES[mode]}: the pool now"), width="stretch")
+        lane.pool.altair_chart(pool_chart(pool_frame(view), f"{mode}: the pool now"), width="stretch")
         lane.steps.altair_chart(memory_steps_chart(memory_steps_frame(run), x_max), width="stretch")
         done = race.lanes[mode].done
         shown = peak_memory(run) if done else view

@@ -130,7 +130,7 @@ def queue_table(frame: Frame, queue: PromptQueue) -> None:
 @dataclass
 class RunButtons:
     """Generate and Stop, in a placeholder of their own, so a run that ends during a script run can put Generate
-    back in place and the page go on to its numbers (a rerun cost the page a second redraw: about 0.6 s here)."""
+    back in place and the page go on to its numbers (a rerun would cost the page a second redraw)."""
 
     slot: DeltaGenerator
     queue: PromptQueue

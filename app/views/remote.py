@@ -16,7 +16,7 @@ from app.sections.export import remote_export_section
 from app.sections.numbers import remote_failures, remote_numbers_section
 from app.sections.queue import queue_section, run_buttons
 from app.sidebar import REMOTE_RUN_NOTE, compare_choice, remote_server_choice
-from app.streaming import Stream
+from app.streaming import RunStream
 
 REMOTE_NOTE = (
     "Remote server: every time here is measured by this page's client, so it includes the network and whatever "
@@ -35,7 +35,7 @@ buttons = run_buttons(queue, start, remote.stop, kept is not None and kept.runni
 if kept is None:
     st.stop()
 # From here this script run follows the run: an older one of this tab, still going, stops (app.baton).
-streaming = Stream(kept.run, kept.live, compare)
+streaming = RunStream(kept.run, kept.live, compare)
 if buttons.running:  # prompts added mid-run join the live pass at once
     kept.join(queue, frame.formatted)
 

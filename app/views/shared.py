@@ -16,7 +16,7 @@ from app.sections.inspector import inspector_section
 from app.sections.numbers import numbers_section
 from app.sections.queue import queue_section, run_buttons
 from app.sidebar import compare_choice
-from app.streaming import Stream
+from app.streaming import RunStream
 from utils.inspector import waste_meters
 
 frame = current_frame()
@@ -27,7 +27,7 @@ buttons = run_buttons(queue, partial(shared.start, frame, compare), shared.stop,
 if kept is None:
     st.stop()
 # From here this script run follows the run: an older one of this tab, still going, stops (app.baton).
-streaming = Stream(kept.run, kept.session, compare)
+streaming = RunStream(kept.run, kept.session, compare)
 if buttons.running:  # prompts added mid-run join it at once: the engine keeps going
     kept.join(queue, frame.formatted)
 

@@ -25,7 +25,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 import transformers
@@ -35,7 +34,7 @@ from batching.arrivals import Schedule
 from batching.bench.floor import format_floor, measure_floor
 from batching.bench.gguf_convert import GGUFConversionError, check_convertible, convert
 from batching.bench.hf_peer import HFPeer
-from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, ServerSettings, find_server
+from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
 from batching.bench.local_server import ServerStartError
 from batching.bench.plan import ModeRun, Peer, Plan
 from batching.bench.report import compare, format_report, machine_info, mode_report
@@ -47,7 +46,9 @@ from batching.bench.workloads import (
     DISTRIBUTIONS,
     RANDOM_NAME,
     LengthRange,
+    RefusedRequest,
     Workload,
+    encode_requests,
     load_workload,
     random_workload,
 )
@@ -66,6 +67,7 @@ from batching.runs import ScheduledRun
 from config.settings import Settings, SettingsError, load_settings, setting_warnings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
+from utils.cli import OneLineParser, first_below_one, first_missing_folder
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 
@@ -91,13 +93,8 @@ BAD_INPUT = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse would print the usage too: keep it to one line
-        raise BenchError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m batching.bench", description=__doc__.splitlines()[0])
+    parser = OneLineParser(error_type=BenchError, prog="python -m batching.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", required=True, help="built-in name, 'random', or a .json/.csv file")
     parser.add_argument("--modes", default="static,continuous", help="comma list of " + ", ".join(MODES))
     parser.add_argument("--floor", action="store_true", help="also time an 8-row decode step against raw matmuls")
@@ -164,14 +161,10 @@ class Inputs:
 
 def check_flags(args: argparse.Namespace) -> Inputs:
     """Everything that can be checked before loading the model: numbers, modes, workload, arrivals."""
-    for flag in ("batch_size", "max_batched_tokens", "max_new_tokens", "threads", "repeat", "kv_cache_tokens"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise BenchError(f"--{flag.replace('_', '-')}={value} is not allowed: must be >= 1")
-    for flag in ("json", "plot"):
-        path = getattr(args, flag)
-        if path is not None and not path.parent.is_dir():
-            raise BenchError(f"--{flag} {path}: the folder {path.parent} does not exist")
+    positive = ("batch_size", "max_batched_tokens", "max_new_tokens", "threads", "repeat", "kv_cache_tokens")
+    problem = first_below_one(args, positive) or first_missing_folder(args)
+    if problem:
+        raise BenchError(problem)
     modes = parse_modes(args.modes)
     try:
         if args.workload == RANDOM_NAME:
@@ -215,22 +208,20 @@ def make_plan(args: argparse.Namespace, settings: Settings, loaded: LoadedModel,
         builder = PoolGeometry.of(loaded.model).request_builder(loaded.tokenizer, options)  # under a block raises
     except ValueError as exc:  # batch size, token budget or KV memory out of range
         raise BenchError(str(exc)) from None
-    prompt_ids, caps = [], []
-    for index, item in enumerate(workload.requests):
-        raw = args.raw_prompts or workload.raw_prompts
-        text = item.prompt if raw else format_prompt(item.prompt, *_template(settings))
-        cap = item.max_new_tokens or default_cap
-        try:
-            request = builder.build(text, RequestParams(cap))
-        except ValueError as exc:
-            raise BenchError(f"workload {workload.name} request {index}: {exc}") from None
-        prompt_ids.append(tuple(request.prompt_ids))
-        caps.append(cap)
+    raw = args.raw_prompts or workload.raw_prompts
+    requests = [
+        (item.prompt if raw else format_prompt(item.prompt, *_template(settings)), item.max_new_tokens or default_cap)
+        for item in workload.requests
+    ]
+    try:
+        prompt_ids, caps = encode_requests(builder, requests)
+    except RefusedRequest as exc:
+        raise BenchError(f"workload {workload.name} {exc}") from None
     return Plan(
         workload=workload,
         modes=inputs.modes,
-        prompt_ids=tuple(prompt_ids),
-        caps=tuple(caps),
+        prompt_ids=prompt_ids,
+        caps=caps,
         schedule=inputs.schedule,
         options=options,
         ignore_eos=args.ignore_eos,
@@ -388,7 +379,7 @@ def start_llamacpp(
     loaded: LoadedModel, plan: Plan, command: list[str], extra: Sequence[str], log_dir: Path
 ) -> LlamaCppPeer:
     """llama.cpp's server on a GGUF F32 copy of the model (converted once, then cached), sized like our batcher."""
-    settings = ServerSettings(
+    settings = LlamaCppSettings(
         model=convert(loaded.model, loaded.tokenizer),
         slots=plan.options.max_batch_size,
         context_per_slot=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),
@@ -499,7 +490,7 @@ def _benchmark(
         except GGUFConversionError as exc:
             raise BenchError(f"llamacpp: {exc}") from None
     plan = make_plan(args, settings, loaded, inputs)
-    vllm_setup = vllm_settings(loaded, plan) if vllm is not None else None
+    vllm_setup = (vllm, vllm_settings(loaded, plan)) if vllm is not None else None
     # `--threads` is the most any contender may use: the peers get them all, ours the fewest of them that make its
     # decode steps fastest, timed here (as the engine process times them at its start), before any graph is made.
     ours = any(mode not in PEERS for mode in plan.modes)
@@ -508,40 +499,14 @@ def _benchmark(
     with our_threads(ours_threads):
         compile_s = compile_steps(plan, loaded)
     with contextlib.ExitStack() as stack:
-        peers: dict[str, Peer] = {}
-        if "hf" in plan.modes:
-            peers["hf"] = stack.enter_context(start_peer(args, settings, plan))
-        if llamacpp is not None:
-            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-llamacpp-")))
-            extra = shlex.split(args.llamacpp_args)
-            peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir))
-        if vllm is not None and vllm_setup is not None:
-            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
-            server = stack.enter_context(vllm_server(vllm, vllm_setup, log_dir / "vllm-server.log"))
-            peers["vllm"] = VllmPeer(server.url, loaded.name, plan.options.max_batch_size, server.cpu_s)
+        peers = _start_peers(stack, args, settings, (plan, loaded), llamacpp, vllm_setup)
         runs = run_all(plan, loaded, peers, args.repeat, show=not args.no_progress, ours=ours_threads)
     floor = measure_floor(loaded.model, autotune=settings.engine.compile_autotune) if args.floor else None
     medians = {mode: median_run(mode_runs) for mode, mode_runs in runs.items()}
     modes = {mode: mode_report(run, plan, runs[mode]) for mode, run in medians.items()}
     compare(modes)
     result = {
-        "workload": plan.workload.name,
-        "requests": len(plan.caps),
-        "arrivals": plan.schedule.description,
-        "model": loaded.name,
-        "device": str(loaded.device),
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-        "batch_size": plan.options.max_batch_size,
-        "policy": plan.options.policy,
-        "admission": plan.options.admission,
-        "max_batched_tokens": plan.options.max_batched_tokens,
-        "kv": {
-            "block_size": plan.options.block_size,
-            "kv_cache_tokens": plan.options.kv_cache_tokens,
-            "kv_cache_mb": plan.options.kv_cache_mb,
-            "prefix_caching": plan.options.prefix_caching,
-        },
-        "ignore_eos": plan.ignore_eos,
+        **_setup(plan, loaded),
         "repeat": args.repeat,
         "machine": machine_info(loaded),
         "modes": modes,
@@ -561,6 +526,55 @@ def _benchmark(
             plan.workload.name,
         )
     return result
+
+
+def _start_peers(
+    stack: contextlib.ExitStack,
+    args: argparse.Namespace,
+    settings: Settings,
+    planned: tuple[Plan, LoadedModel],
+    llamacpp: list[str] | None,
+    vllm: tuple[Path, VllmSettings] | None,
+) -> dict[str, Peer]:
+    """Every peer the plan runs, started on `stack` (stopped when it closes)."""
+    plan, loaded = planned
+    peers: dict[str, Peer] = {}
+    if "hf" in plan.modes:
+        peers["hf"] = stack.enter_context(start_peer(args, settings, plan))
+    if llamacpp is not None:
+        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-llamacpp-")))
+        extra = shlex.split(args.llamacpp_args)
+        peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir))
+    if vllm is not None:
+        python, setup = vllm
+        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
+        server = stack.enter_context(vllm_server(python, setup, log_dir / "vllm-server.log"))
+        peers["vllm"] = VllmPeer(server.url, loaded.name, plan.options.max_batch_size, server.cpu_s)
+    return peers
+
+
+def _setup(plan: Plan, loaded: LoadedModel) -> dict:
+    """What was run, on what: the head of the result's JSON."""
+    options = plan.options
+    return {
+        "workload": plan.workload.name,
+        "requests": len(plan.caps),
+        "arrivals": plan.schedule.description,
+        "model": loaded.name,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "batch_size": options.max_batch_size,
+        "policy": options.policy,
+        "admission": options.admission,
+        "max_batched_tokens": options.max_batched_tokens,
+        "kv": {
+            "block_size": options.block_size,
+            "kv_cache_tokens": options.kv_cache_tokens,
+            "kv_cache_mb": options.kv_cache_mb,
+            "prefix_caching": options.prefix_caching,
+        },
+        "ignore_eos": plan.ignore_eos,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,6 @@ they are, how each race's steps ran, and how long the graph took. A script that 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -20,12 +19,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import transformers
-
-from batching.bench.race_check import RaceResult, race_once, race_queue
+from batching.bench.race_check import RaceResult, race_once, race_queue, script_args
 from batching.service import EngineClient, EngineConfig
 from config.settings import Settings, load_settings
-from utils.log_setup import configure_logging
 
 COMPILE_TIMEOUT_S = 1800.0
 
@@ -33,7 +29,7 @@ COMPILE_TIMEOUT_S = 1800.0
 def wait_until_compiled(client: EngineClient) -> float:
     """Wait (the engine idle, so its compile runs) until every graph is made; returns the seconds waited."""
     started = time.monotonic()
-    while (stage := client.compile_state.stage) != "compiled":
+    while (stage := client.lifecycle.stats.compile.stage) != "compiled":
         if stage in ("failed", "off", "waiting"):  # waiting: no decode step asked for a graph
             raise RuntimeError(f"the engine's compiled steps are {stage}: nothing to compare with")
         if time.monotonic() - started > COMPILE_TIMEOUT_S:
@@ -53,7 +49,7 @@ def one_start(settings: Settings, workloads: Sequence[str]) -> dict:
             first: dict[str, RaceResult] = {name: race_once(client, *queues[name]) for name in workloads}
             waited = wait_until_compiled(client)
             after: dict[str, RaceResult] = {name: race_once(client, *queues[name]) for name in workloads}
-            compile_s = client.compile_state.seconds
+            compile_s = client.lifecycle.stats.compile.seconds
         finally:
             client.close()
     return {"first": first, "after": after, "waited_s": waited, "compile_s": compile_s}
@@ -97,17 +93,10 @@ def print_table(rows: list[dict], starts: list[dict]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batching.bench.cold_start", description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="customer-support,seed-lab", help="comma list of built-in workloads")
-    parser.add_argument("--starts", type=int, default=3, help="cold starts; the median speed-up is shown")
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    args = parser.parse_args(argv)
-    if args.starts < 1:
-        parser.error(f"--starts={args.starts} is not allowed: must be >= 1")
-    configure_logging()
-    transformers.utils.logging.disable_progress_bar()
+    count = ("--starts", "cold starts; the median speed-up is shown")
+    args = script_args(argv, "cold_start", __doc__, "customer-support,seed-lab", count)
     settings = load_settings()
-    workloads = [name.strip() for name in args.workloads.split(",") if name.strip()]
+    workloads = args.workloads
     starts = [one_start(settings, workloads) for _ in range(args.starts)]
     rows = summarize(starts, workloads)
     print_table(rows, starts)

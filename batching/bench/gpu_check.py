@@ -90,8 +90,9 @@ class Check:
 
     def compile_graphs(self) -> None:
         """The compiled mode's graphs, before anything is timed (the benchmark's own call finds them): the decode
-        graph, then the prompt-step graph where it would leave time for both workloads (it took 1.3x the decode
-        graph's time on an H100); else the compiled mode's prompt steps run eager, and the output says so."""
+        graph, then the prompt-step graph where it would leave time for both workloads (its time budgeted from the
+        decode graph's, as it went on an H100: docs/benchmarks.md); else the compiled mode's prompt steps run eager,
+        and the output says so."""
         decode = self.compile(prompt_steps=False)
         needs = 1.4 * decode + NEEDS["seed-lab"] + NEEDS["seed-blog"]
         if self.elapsed() + needs <= self.options.deadline_s:

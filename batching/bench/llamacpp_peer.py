@@ -16,14 +16,12 @@ and the prompt time (`prompt_ms`) it reports.
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import math
 import os
 import queue
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -37,11 +35,10 @@ from transformers import PreTrainedTokenizerBase
 
 from batching.arrivals import Schedule
 from batching.bench.gguf_convert import INSTALL_HINT
-from batching.bench.local_server import free_port
+from batching.bench.local_server import LocalServer, ServerStartError
 from batching.bench.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.detokenizer import decode_text
 from batching.engine.events import FinishedEvent
-from batching.engine.omp_wait import peer_environment
 from batching.engine.request import FinishReason
 from batching.runs import RunRecord
 
@@ -56,7 +53,7 @@ class LlamaCppError(Exception):
 
 
 @dataclass(frozen=True)
-class ServerSettings:
+class LlamaCppSettings:
     """How llama.cpp's server runs: the model file, slots, per-slot context, threads and per-step token budget."""
 
     model: Path
@@ -70,10 +67,11 @@ class ServerSettings:
     kv_unified: bool = False
     extra: tuple[str, ...] = ()  # more flags, after ours (the last of a repeated flag wins)
 
-    def args(self, port: int) -> list[str]:
-        """The `llama-server` flags (the xllamacpp entry point takes the same)."""
+    def args(self) -> list[str]:
+        """The `llama-server` flags but `--port`, which the server's launcher adds (the xllamacpp entry point takes
+        the same)."""
         return [
-            *("-m", str(self.model), "--port", str(port)),
+            *("-m", str(self.model)),
             *("--parallel", str(self.slots), "-c", str(self.slots * self.context_per_slot)),
             *("-t", str(self.threads), "-tb", str(self.threads)),
             *("-b", str(self.batch_tokens), "-ub", str(self.batch_tokens)),
@@ -124,74 +122,40 @@ class LlamaCppPeer:
     def __init__(
         self,
         command: Sequence[str],
-        settings: ServerSettings,
+        settings: LlamaCppSettings,
         tokenizer: PreTrainedTokenizerBase,
         log_dir: Path,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.command = list(command)
         self.settings = settings
         self.tokenizer = tokenizer
-        self.log = log_dir / "llama-server.log"
         self.clock = clock
-        self.url = ""
-        self._process: subprocess.Popen | None = None
+        env = {"OMP_NUM_THREADS": str(settings.threads)}
+        self.server = LocalServer(
+            "llama.cpp's server", [*command, *settings.args()], env, log_dir / "llama-server.log", STARTUP_TIMEOUT_S
+        )
+
+    @property
+    def url(self) -> str:
+        return self.server.url
 
     def __enter__(self) -> LlamaCppPeer:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        env = {**peer_environment(os.environ), "OMP_NUM_THREADS": str(self.settings.threads)}
-        with self.log.open("w") as out:
-            self._process = subprocess.Popen(
-                [*self.command, *self.settings.args(port)], stdout=out, stderr=subprocess.STDOUT, env=env
-            )
         try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
+            self.server.start()
+        except ServerStartError as exc:
+            raise LlamaCppError(str(exc)) from None
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stop(self) -> None:
-        """Terminate the server (kill it if it does not exit within 15 s); safe to call twice."""
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process is None or self._process.poll() is not None:
-                code = None if self._process is None else self._process.returncode
-                raise LlamaCppError(f"llama.cpp's server exited with code {code} before /health: {self._log_tail()}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-            time.sleep(0.2)
-        raise LlamaCppError(f"llama.cpp's server gave no /health in {STARTUP_TIMEOUT_S:.0f} s: {self._log_tail()}")
-
-    def _log_tail(self) -> str:
-        lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
-        return " | ".join(lines[-3:])[-400:] or "(empty log)"
+        """Stop the server and every process it started; safe to call twice."""
+        self.server.stop()
 
     def outside_cpu_s(self) -> float:
-        """CPU seconds the server process has used so far (Linux /proc; NaN elsewhere): its work is not ours."""
-        if self._process is None:
-            return math.nan
-        try:
-            fields = Path(f"/proc/{self._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return math.nan
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, in clock ticks
+        """CPU seconds the server's processes have used so far (NaN once it is gone): its work is not ours."""
+        return self.server.cpu_s()
 
     def decode_calls(self) -> int:
         """How many `llama_decode` calls (engine steps) the server has made so far, from its /metrics."""

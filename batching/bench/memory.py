@@ -24,11 +24,12 @@ import torch
 import transformers
 
 from batching.bench.cli import BAD_INPUT, build_parser, check_flags, load, make_plan, median_run, run_all
-from batching.bench.report import _fmt, _table, mode_report
+from batching.bench.report import _fmt, mode_report
 from batching.engine.geometry import PoolGeometry
 from batching.engine.options import BatcherOptions
 from config.settings import load_settings
 from model.loader import LoadedModel
+from utils.cli import text_table
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 
@@ -113,7 +114,7 @@ def format_tables(result: dict) -> str:
         f"KV memory of {FULL_SLOTS} full-length slots: {budget['positions']} positions ({budget['blocks']} blocks of "
         f"{budget['block_size']}), model {result['model']}, {result['threads']} thread(s), "
         f"median of {result['repeat']}",
-        _table(header, rows),
+        text_table(header, rows, gap="  "),
     ]
     support = result["workloads"]["customer-support"]
     for on, off in zip(support[::2], support[1::2], strict=True):

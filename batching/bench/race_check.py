@@ -24,15 +24,17 @@ import transformers
 from batching.arrivals import Schedule
 from batching.bench.cli import benchmark, build_parser
 from batching.bench.workloads import load_workload
+from batching.engine.batcher import MODES
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
-from batching.race import RACE_MODES, LaneStep
+from batching.race import LaneStep
 from batching.runs import RunRecord
 from batching.service import EngineClient, EngineConfig, RaceHandle
 from batching.service.client import engine_options
 from batching.service.messages import RaceEnded
 from config.settings import Settings, load_settings
 from model.prompting import format_prompt
+from utils.cli import first_below_one
 from utils.log_setup import configure_logging
 from utils.metrics import steps_kind
 
@@ -68,8 +70,8 @@ class RaceResult:
 
 def race_once(client: EngineClient, options: BatcherOptions, items: list, schedule: Schedule) -> RaceResult:
     """One race to its end."""
-    race: RaceHandle = client.start_race(options, items, schedule)
-    records = {mode: RunRecord(mode, 0.0) for mode in RACE_MODES}
+    race: RaceHandle = client.private.start_race(options, items, schedule)
+    records: dict[str, RunRecord] = {mode: RunRecord(mode, 0.0) for mode in MODES}
     deadline = time.monotonic() + RACE_TIMEOUT_S
     try:
         while time.monotonic() < deadline:
@@ -107,23 +109,36 @@ def race_speedup(client: EngineClient, settings: Settings, workload_name: str, r
     return statistics.median(race_once(client, options, items, schedule).speedup for _ in range(repeat))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batching.bench.race_check", description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="seed-lab,customer-support", help="comma list of built-in workloads")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per side; the median speed-up is shown")
+def script_args(
+    argv: Sequence[str] | None, script: str, doc: str, workloads: str, count: tuple[str, str]
+) -> argparse.Namespace:
+    """The flags this script and `cold_start` share: `--workloads` (a comma list, parsed into `workloads`), a count
+    (`count`: its flag and help, at least 1) and `--json`, described by the first line of the script's `doc`;
+    logging configured, transformers' progress bars off."""
+    parser = argparse.ArgumentParser(prog=f"python -m batching.bench.{script}", description=doc.splitlines()[0])
+    parser.add_argument("--workloads", default=workloads, help="comma list of built-in workloads")
+    parser.add_argument(count[0], type=int, default=3, help=count[1])
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error(f"--repeat={args.repeat} is not allowed: must be >= 1")
+    problem = first_below_one(args, [count[0].removeprefix("--")])
+    if problem:
+        parser.error(problem)
+    args.workloads = [name.strip() for name in args.workloads.split(",") if name.strip()]
     configure_logging()
     transformers.utils.logging.disable_progress_bar()
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    count = ("--repeat", "runs per side; the median speed-up is shown")
+    args = script_args(argv, "race_check", __doc__, "seed-lab,customer-support", count)
     # Eager steps, as the benchmark's static and continuous modes run.
     settings = load_settings().model_copy(deep=True)
     settings.engine.compile_steps = False
     client = EngineClient(EngineConfig(settings.model, settings.tokenizer, settings.engine), settings.limits)
     rows = []
     try:
-        for name in (w.strip() for w in args.workloads.split(",") if w.strip()):
+        for name in args.workloads:
             bench = bench_speedup(name, args.repeat, race_queue(settings, name)[0])
             race = race_speedup(client, settings, name, args.repeat)
             rows.append({"workload": name, "bench_speedup": bench, "race_speedup": race, "gap": race / bench - 1})

@@ -17,6 +17,7 @@ from batching.engine import huge_pages_state
 from batching.engine.events import StepEvent
 from batching.engine.omp_wait import wait_policy_state
 from model.loader import LoadedModel
+from utils.cli import text_table
 from utils.metrics import percentile, summarize
 
 # The admission order of the modes that do not take ours (static waves go in arrival order).
@@ -215,13 +216,6 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return f"{value * scale:.{digits}f}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
 def format_report(result: dict) -> str:
     """The summary table, one row per mode, then decode-step time against sequence length."""
     return "\n".join(
@@ -277,7 +271,7 @@ def _summary_table(modes: dict) -> str:
                 "-" if match is None else ("yes" if match else f"no ({figures['requests_differing_from_static']})"),
             ]
         )
-    return _table(header, rows)
+    return text_table(header, rows, gap="  ")
 
 
 def _memory_lines(modes: dict) -> list[str]:
@@ -302,7 +296,7 @@ def _memory_lines(modes: dict) -> list[str]:
         for mode, memory in ours.items()
     ]
     title = "KV memory: blocks held by requests, positions holding tokens, and the pool's reuse"
-    return ["", title, _table(header, rows)]
+    return ["", title, text_table(header, rows, gap="  ")]
 
 
 def _step_time_table(modes: dict) -> str:
@@ -335,4 +329,4 @@ def _step_time_table(modes: dict) -> str:
                 buckets,
             ]
         )
-    return _table(header, rows)
+    return text_table(header, rows, gap="  ")

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from batching.bench import vllm_server
 from batching.bench.local_server import LocalServer, ServerStartError, log_tail
@@ -42,6 +42,7 @@ from batching.bench.vllm_server import (
     vllm_version,
 )
 from config.settings import SettingsError, load_settings
+from utils.cli import OneLineParser, text_table
 
 SERVERS = ("batchscope", "transformers", "vllm")
 PAGE_SIZE = 256  # transformers' continuous-batching page (KV block) size, in tokens
@@ -52,11 +53,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class ServePeerError(Exception):
     """Bad input or a server that would not start: one line on stderr, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse would print the usage too: keep it to one line
-        raise ServePeerError(message)
 
 
 @dataclass(frozen=True)
@@ -116,7 +112,9 @@ def _positive_floats(text: str) -> tuple[float, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m batching.bench.serve_peer", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(
+        error_type=ServePeerError, prog="python -m batching.bench.serve_peer", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--model", default="model/builtin", help="the model folder both servers load")
     parser.add_argument("--servers", default=",".join(SERVERS), help="comma-separated, from: " + ", ".join(SERVERS))
     parser.add_argument("--rates", type=_positive_floats, default=(2.0, 4.0, 8.0), help="Poisson requests/s")
@@ -416,10 +414,7 @@ def format_table(rows: Sequence[Row]) -> str:
         )
         for row in rows
     ]
-    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
-    out = [" ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)) for cells in [header, *lines]]
-    out.insert(1, " ".join("-" * width for width in widths))
-    return "\n".join(out)
+    return text_table(header, lines)
 
 
 def _post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -26,7 +26,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 import transformers
@@ -37,8 +36,15 @@ from batching.bench import serve_peer
 from batching.bench.local_server import ServerStartError
 from batching.bench.report import machine_info
 from batching.bench.sweep_client import request_body, run_remote_rate
-from batching.bench.workloads import RANDOM_NAME, Workload, load_workload, random_workload
-from batching.engine.batcher import Batcher, BatcherOptions
+from batching.bench.workloads import (
+    RANDOM_NAME,
+    RefusedRequest,
+    Workload,
+    encode_requests,
+    load_workload,
+    random_workload,
+)
+from batching.engine.batcher import MODES, Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent
 from batching.engine.geometry import PoolGeometry
 from batching.engine.model_support import UnsupportedModelError, check_supported
@@ -51,6 +57,7 @@ from batching.sweep import AUTO, DEFAULT_REQUESTS, SweepSpec, auto_rates, capaci
 from config.settings import SettingsError, load_settings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
+from utils.cli import OneLineParser, first_below_one, first_missing_folder, text_table
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 from utils.metrics import steps_kind
@@ -77,13 +84,10 @@ class SweepError(Exception):
     """Bad input, or a server that would not start: one line on stderr, exit code 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise SweepError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m batching.bench.sweep", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        error_type=SweepError, prog="python -m batching.bench.sweep", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--workload", default=DEFAULT_WORKLOAD, help="the prompt mix: built-in, 'random' or a file")
     parser.add_argument(
         "--rates", default=AUTO, help="requests/s, comma-separated, or auto (picked by a race of every request at once)"
@@ -120,14 +124,9 @@ class Mix:
 
 def check_args(args: argparse.Namespace) -> tuple[SweepSpec, Slo, Workload]:
     """Everything checked before a model loads or a server starts."""
-    for flag in ("batch_size", "max_new_tokens", "threads"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise SweepError(f"--{flag.replace('_', '-')}={value} is not allowed: must be >= 1")
-    for flag in ("json", "plot"):
-        path = getattr(args, flag)
-        if path is not None and not path.parent.is_dir():
-            raise SweepError(f"--{flag} {path}: the folder {path.parent} does not exist")
+    problem = first_below_one(args, ("batch_size", "max_new_tokens", "threads")) or first_missing_folder(args)
+    if problem:
+        raise SweepError(problem)
     try:
         spec = SweepSpec(parse_rates(args.rates), args.requests, args.seed)
         if spec.auto and args.servers:
@@ -158,17 +157,17 @@ def tokenised_mix(
     settings = load_settings()
     builder = PoolGeometry.of(loaded.model).request_builder(loaded.tokenizer, options)
     default_cap = args.max_new_tokens or settings.generation.max_new_tokens
-    ids, caps = [], []
-    for index, item in enumerate(spec.mix(workload.requests)):
-        text = format_prompt(item.prompt, settings.prompt.system_prompt, settings.prompt.template)
-        cap = item.max_new_tokens or default_cap
-        try:
-            request = builder.build(text, RequestParams(cap))
-        except ValueError as exc:
-            raise SweepError(f"workload {workload.name} request {index % len(workload.requests)}: {exc}") from None
-        ids.append(tuple(request.prompt_ids))
-        caps.append(cap)
-    return Mix(workload.name, tuple(ids), tuple(caps), args.ignore_eos)
+    template = (settings.prompt.system_prompt, settings.prompt.template)
+    mix = [
+        (format_prompt(item.prompt, *template), item.max_new_tokens or default_cap)
+        for item in spec.mix(workload.requests)
+    ]
+    try:
+        ids, caps = encode_requests(builder, mix)
+    except RefusedRequest as exc:
+        index = exc.index % len(workload.requests)
+        raise SweepError(f"workload {workload.name} request {index}: {exc.reason}") from None
+    return Mix(workload.name, ids, caps, args.ignore_eos)
 
 
 # --- in-process: the page's sweep ----------------------------------------------------------------------------------
@@ -177,7 +176,7 @@ def compile_graphs(loaded: LoadedModel, options: BatcherOptions) -> float | None
     if not options.compile_steps:
         return None
     total = 0.0
-    for mode in ("continuous", "static"):
+    for mode in MODES:
         runner = Batcher(loaded.model, loaded.tokenizer, options, mode=mode).runner
         for compiler in (runner.compiler, runner.mixed_compiler):
             if compiler is not None:
@@ -343,10 +342,7 @@ def format_table(points: Sequence[SweepPoint]) -> str:
         )
         for point in points
     ]
-    widths = [max(len(cells[i]) for cells in [header, *lines]) for i in range(len(header))]
-    out = [" ".join(cell.rjust(width) for cell, width in zip(cells, widths, strict=True)) for cells in [header, *lines]]
-    out.insert(1, " ".join("-" * width for width in widths))
-    return "\n".join(out)
+    return text_table(header, lines)
 
 
 def goodput_lines(found: dict[str, Goodput], slo: Slo) -> list[str]:
@@ -381,7 +377,7 @@ def summary(points: list[SweepPoint], slo: Slo, series: Sequence[str]) -> dict:
         "headline": None,
         "ratio": None,
     }
-    if set(series) == {"continuous", "static"}:
+    if set(series) == set(MODES):
         result["headline"] = headline(found["continuous"], found["static"], slo)
         result["ratio"] = goodput_ratio(found["continuous"], found["static"])
     result["lines"] = goodput_lines(found, slo) + knee_lines(bends)
@@ -410,7 +406,7 @@ def run(args: argparse.Namespace) -> dict:
                 compile_s = compile_graphs(loaded, options)
                 clock = lane_clock(loaded, args.wall_clock)
                 done = sweep_in_process(loaded, options, mix, spec, slo, clock, lambda: bar.update(1))
-                series = ["continuous", "static"]
+                series = list(MODES)
     finally:
         torch.set_num_threads(threads)
     points = done.points

@@ -10,11 +10,14 @@ import csv
 import json
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from batching.arrivals import Schedule
+from batching.engine.builder import RequestBuilder
+from batching.engine.params import RequestParams
 
 WORKLOAD_DIR = Path(__file__).resolve().parent / "reference_workloads"
 RANDOM_NAME = "random"
@@ -273,3 +276,28 @@ def _described(requests: int, prompt_words: LengthRange, max_new_tokens: LengthR
         f"{requests} requests, prompt words {prompt_words.low}:{prompt_words.high} {prompt_words.distribution}, "
         f"caps {max_new_tokens.low}:{max_new_tokens.high} {max_new_tokens.distribution}"
     )
+
+
+class RefusedRequest(ValueError):
+    """The engine would refuse request `index` of a list; `reason` says why."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"request {index}: {reason}")
+        self.index = index
+        self.reason = reason
+
+
+def encode_requests(
+    builder: RequestBuilder, requests: Iterable[tuple[str, int]]
+) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+    """Each (text, cap) as the engine takes it: its prompt's token ids, checked as the engine checks them, and its
+    cap; RefusedRequest for the first the engine would refuse."""
+    ids, caps = [], []
+    for index, (text, cap) in enumerate(requests):
+        try:
+            request = builder.build(text, RequestParams(cap))
+        except ValueError as exc:
+            raise RefusedRequest(index, str(exc)) from None
+        ids.append(tuple(request.prompt_ids))
+        caps.append(cap)
+    return tuple(ids), tuple(caps)

@@ -160,8 +160,8 @@ def attend(
     """Attention of `query` [b, heads, q, d] over `key` [kv_heads, b, s, d] / `value` [kv_heads, b, s, dv] (heads
     first, as `gather_blocks` lays them out); `mask` is additive, [b, 1, q, s].
 
-    SDPA for prompt chunks; one query per row (decode) takes the grouped matmul + softmax below, measured 1.2x
-    faster than SDPA's CPU kernel at 100 cached columns and 1.8x at 1,000 (8 rows). Soft-capped logits and sinks
+    SDPA for prompt chunks; one query per row (decode) takes the grouped matmul + softmax below, which beat SDPA's
+    CPU kernel for one query at every length measured (docs/benchmarks.md). Soft-capped logits and sinks
     also take that eager path, as the models' own eager functions define it (soft-cap before the mask; a sink logit
     per head joins the softmax and is then dropped).
     """
@@ -203,12 +203,7 @@ def packed_attention(
 ) -> tuple[torch.Tensor, None]:
     """`query` is `[1, heads, tokens, dim]`; `key`/`value` are every row's gathered blocks, `[rows, kv_heads, columns,
     dim]` (see `PagedLayer.update`), taken heads-first here."""
-    plan: PackedPlan | GroupedPlan | None = kwargs.get(PLAN_KWARG)
-    window: Locality = kwargs.get("sliding_window")
-    if window is None:
-        window = getattr(module, CHUNK_ATTRIBUTE, None)
-    softcap: float | None = kwargs.get("softcap")
-    sinks: torch.Tensor | None = kwargs.get("s_aux")
+    plan, window, softcap, sinks = _step_arguments(module, kwargs)
     if plan is None:
         return _unplanned(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if isinstance(plan, GroupedPlan):
@@ -253,6 +248,17 @@ def packed_attention(
         )
         output[0, chunk.start : chunk.end] = attended[0].transpose(0, 1)
     return output, None
+
+
+def _step_arguments(
+    module: torch.nn.Module, kwargs: dict[str, Any]
+) -> tuple[PackedPlan | GroupedPlan | None, Locality, float | None, torch.Tensor | None]:
+    """What transformers passes beside the tensors: the step's plan, and the layer's window (or its chunk, read from
+    the module), soft-cap and sinks."""
+    window: Locality = kwargs.get("sliding_window")
+    if window is None:
+        window = getattr(module, CHUNK_ATTRIBUTE, None)
+    return kwargs.get(PLAN_KWARG), window, kwargs.get("softcap"), kwargs.get("s_aux")
 
 
 def _grouped_attention(  # noqa: PLR0913  (attention's own arguments, and the plan)

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -41,7 +42,8 @@ from batching.engine.scheduler import ContinuousScheduler, ScheduledBatch, Sched
 logger = logging.getLogger(__name__)
 
 Clock = Callable[[], float]  # seconds; a batcher, a run and its arrivals read the same one
-MODES = ("continuous", "static")
+Mode = Literal["continuous", "static"]  # the two lanes every comparison runs: the names are defined here only
+MODES: tuple[Mode, ...] = get_args(Mode)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,7 @@ TLB miss every page; on 2 MiB pages it runs faster. Torch's CPU allocator advise
 tensors when `THP_MEM_ALLOC_ENABLE=1`, and reads that once, at its first allocation: so the engine package sets
 it before any of its modules imports torch (a process that imported torch before the engine keeps what torch
 read then). The compiled steps' packed weights and the KV pool are such tensors; an eager step reads the weights
-where the loader left them (safetensors' memory-mapped file pages). Measured here (1 thread, 2026-11-26): reading
-1.4 GB went from 12.3 to 15.3 GB/s, and the 0.5B-shaped model's 8-row compiled decode step from 142-150 to
-130-139 ms (three alternating pairs).
+where the loader left them (safetensors' memory-mapped file pages). What it gained: docs/benchmarks.md.
 `THP_MEM_ALLOC_ENABLE=0` in the environment turns it off.
 """
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from batching.engine.blocks import DEFAULT_BLOCK_SIZE
 from batching.engine.scheduler import check_admission, check_policy
-
-BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+from config.choices import BLOCK_SIZES, FCFS, PREEMPT
 
 
 @dataclass(frozen=True)
@@ -21,8 +20,8 @@ class BatcherOptions:
 
     max_batch_size: int = 8
     max_batched_tokens: int = 512
-    policy: str = "fcfs"
-    admission: str = "preempt"  # continuous batching's use of KV blocks: "preempt" (vLLM) or "reserve" (see ADMISSIONS)
+    policy: str = FCFS
+    admission: str = PREEMPT  # continuous batching's use of KV blocks: "preempt" (vLLM) or "reserve" (see ADMISSIONS)
     max_seq_len: int = 2048
     max_prompt_tokens: int = 512
     step_detail: bool = True  # each StepEvent lists its rows (the step inspector's data); off for lean benchmarks

@@ -29,15 +29,16 @@ from dataclasses import dataclass
 from batching.engine.blocks import BlockHash, BlockPool
 from batching.engine.events import RowKind, StepRow, Waiting, WaitReason
 from batching.engine.request import Request, RequestState
+from config.choices import FCFS, LONGEST_FIRST, PREEMPT, RESERVE, SHORTEST_FIRST
 
 # Waiting requests passed over in one admission because a prompt block of theirs is being computed: bounds the
 # scan of a long queue while a long shared prompt is prefilled in chunks (the rest wait their turn in order).
 MAX_DEFERRED = 16
 
 POLICIES: dict[str, Callable[[Request], int]] = {
-    "fcfs": lambda request: 0,
-    "shortest-first": lambda request: request.max_new_tokens,
-    "longest-first": lambda request: -request.max_new_tokens,
+    FCFS: lambda request: 0,
+    SHORTEST_FIRST: lambda request: request.max_new_tokens,
+    LONGEST_FIRST: lambda request: -request.max_new_tokens,
 }
 
 
@@ -46,8 +47,8 @@ POLICIES: dict[str, Callable[[Request], int]] = {
 # (vLLM). "reserve": a request is admitted only when blocks for its whole prompt and cap are free, reserved at once,
 # so no request is ever preempted (TensorRT-LLM's guaranteed-no-evict): fewer rows at once, no work done twice.
 ADMISSIONS = {
-    "preempt": "admit by what the prompt needs, preempt the newest when blocks run out (vLLM)",
-    "reserve": "reserve prompt + cap at admission, never preempt (TensorRT-LLM's guaranteed-no-evict)",
+    PREEMPT: "admit by what the prompt needs, preempt the newest when blocks run out (vLLM)",
+    RESERVE: "reserve prompt + cap at admission, never preempt (TensorRT-LLM's guaranteed-no-evict)",
 }
 
 
@@ -66,7 +67,7 @@ def check_policy(policy: str) -> str:
 class WaitingQueue:
     """Requests waiting for a slot, popped in the policy's order (arrival order among equals)."""
 
-    def __init__(self, policy: str = "fcfs") -> None:
+    def __init__(self, policy: str = FCFS) -> None:
         self._key = POLICIES[check_policy(policy)]
         self._heap: list[tuple[int, int, int, Request]] = []  # (0 pushed to the front, 1 not, key, order, _)
         self._order = itertools.count()
@@ -169,13 +170,11 @@ class ContinuousScheduler:
     mode = "continuous"
     holds_finished = False  # a finished request gives its slot back at once
 
-    def __init__(
-        self, max_batched_tokens: int, pool: BlockPool, policy: str = "fcfs", admission: str = "preempt"
-    ) -> None:
+    def __init__(self, max_batched_tokens: int, pool: BlockPool, policy: str = FCFS, admission: str = PREEMPT) -> None:
         self.max_batched_tokens = max_batched_tokens
         self.pool = pool
         self.waiting = WaitingQueue(policy)
-        self.reserve = check_admission(admission) == "reserve"
+        self.reserve = check_admission(admission) == RESERVE
         self._reasons: dict[str, WaitReason] = {}  # this step's reason for each request the admission looked at
         self._stalled = WaitReason.NO_SLOT  # why this step's admission stopped (the reason of those it did not reach)
         self._joined = itertools.count()
@@ -202,11 +201,9 @@ class ContinuousScheduler:
         """Fill free slots from the waiting queue while each one's first chunk fits in free blocks (after its
         cached prefix); none after a preemption this step, as vLLM does. A request whose next uncached prompt block
         a prefilling request computes (one admitted now, or earlier and still prefilling) keeps its place at the head
-        of the queue and lets the next ones in: it joins once that block is cached.
-
-        Measured on a Qwen2-0.5B-shaped model (1 thread, seed-lab's 32 equal 39-token prompts, runs alternating in
-        one process): the first step computed eight prompts (312 tokens), now one, the other seven joining a step
-        later with 32 of their tokens cached; 34.1 to 38.4 tok/s, TTFT p50 5.6 to 3.6 s."""
+        of the queue and lets the next ones in: it joins once that block is cached, so requests arriving together
+        with a shared prefix compute it once (SGLang's in-batch prefix caching; what it gained: docs/benchmarks.md).
+        """
         self._reasons = {}
         if self._preempted_now or not free_slots or not len(self.waiting):  # every step asks: most have no one to admit
             self._stalled = WaitReason.NO_BLOCKS if self._preempted_now else WaitReason.NO_SLOT
@@ -332,7 +329,7 @@ class StaticScheduler:
     def __init__(self, pad_token_id: int, pool: BlockPool) -> None:
         self.pad_token_id = pad_token_id
         self.pool = pool
-        self.waiting = WaitingQueue("fcfs")  # waves always form in arrival order
+        self.waiting = WaitingQueue(FCFS)  # waves always form in arrival order
         self._stalled = WaitReason.WAVE  # why this step's admission left the queue waiting
 
     def make_room(self, rows: Sequence[Request]) -> list[Request]:

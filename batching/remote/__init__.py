@@ -1,7 +1,7 @@
 """Watch a real serving engine: runs of the page's queue on any OpenAI-compatible server, timed from the client,
 next to the server's own telemetry (vLLM, SGLang, TGI, llama.cpp, transformers serve, ours)."""
 
-from batching.remote.dispatch import MODES, SAMPLE_EVERY_S, UNKNOWN_TOKEN, Mode, RemoteRun, RunSetup, Submitted
+from batching.remote.dispatch import MODES, SAMPLE_EVERY_S, UNKNOWN_TOKEN, Mode, RemoteRun, RemoteSubmitted, RunSetup
 from batching.remote.endpoint import Endpoint, RemoteError, endpoint_from_settings, fetch_model, parse_url
 from batching.remote.poller import TelemetryPoller
 from batching.remote.stream import APIS, Api
@@ -21,8 +21,8 @@ __all__ = [
     "Mode",
     "RemoteError",
     "RemoteRun",
+    "RemoteSubmitted",
     "RunSetup",
-    "Submitted",
     "Telemetry",
     "TelemetryPoller",
     "TelemetrySample",

@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import httpx2
 
+from batching.engine.batcher import MODES, Mode
 from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
@@ -28,10 +28,8 @@ from batching.remote.endpoint import Endpoint, describe_failure
 from batching.remote.poller import POLL_EVERY_S, TelemetryPoller
 from batching.remote.stream import Api, RemoteRequest, request_body, stream_answer
 from batching.remote.telemetry import TelemetrySample
-from batching.runs import RunRecord
+from batching.runs import RunRecord, drain
 
-Mode = Literal["continuous", "static"]
-MODES: tuple[Mode, ...] = ("continuous", "static")
 SAMPLE_EVERY_S = 0.1
 UNKNOWN_TOKEN = -1  # a server streams text, not token ids
 IDLE_EXIT_S = 120.0  # a run nobody submits to or closes for this long stops its thread
@@ -40,7 +38,7 @@ _REASONS = {"stop": FinishReason.EOS, "length": FinishReason.LENGTH, "abort": Fi
 
 
 @dataclass(frozen=True)
-class Submitted:
+class RemoteSubmitted:
     """A request the run took: its id, and when it arrived (the run's clock)."""
 
     request_id: str
@@ -118,7 +116,7 @@ class RemoteRun:
         self._ready.wait(10)
 
     # --- the page's side (any thread) -----------------------------------------------------------------------
-    def submit(self, prompt: str, params: RequestParams, at: float | None = None) -> Submitted:
+    def submit(self, prompt: str, params: RequestParams, at: float | None = None) -> RemoteSubmitted:
         """Queue `prompt`; it is sent when due (`at` seconds after the run's start, default now) and a lane is free."""
         if not self.running:
             raise RuntimeError("this remote run has ended: press Generate for a new one")
@@ -136,18 +134,11 @@ class RemoteRun:
         )
         job = _Job(f"{self.setup.mode}-{next(self._ids)}", request, due)
         self._call(self._jobs.append, job)
-        return Submitted(job.request_id, due)
+        return RemoteSubmitted(job.request_id, due)
 
     def poll(self, timeout: float = 0.0) -> list[Event]:
         """The events since the last poll, waiting up to `timeout` s for the first."""
-        events: list[Event] = []
-        try:
-            events.append(self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait())
-            while True:
-                events.append(self._events.get_nowait())
-        except queue.Empty:
-            pass
-        return events
+        return drain(self._events, timeout)
 
     def cancel_all(self) -> None:
         """Stop every request: those in flight are cut, those waiting end as cancelled."""

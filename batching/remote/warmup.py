@@ -1,7 +1,7 @@
 """One short request before a remote comparison is timed, so neither run meets a cold server.
 
-A server's first answer can pay for its own start (vLLM's CPU build: ~1 s to the first token of its first eight
-answers, 0.13 s after; `transformers serve` starts its batching thread then): whichever run came first would be
+A server's first answers can pay for its own start (vLLM's CPU build is several times slower to its first tokens;
+`transformers serve` starts its batching thread then: docs/benchmarks.md): whichever run came first would be
 timed cold and the other warm. The warm-up is one short question in the run's own model, API and template, so it
 also finds a wrong model name or key before anything starts, and the shared system prompt is in the server's prefix
 cache for both runs alike. Nothing of it reaches a run's record.

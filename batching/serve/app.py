@@ -84,7 +84,7 @@ def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: Api
 
     @app.get("/health", responses=responses.HEALTH)
     def health() -> Response:
-        if not gateway.service.alive:
+        if not gateway.service.lifecycle.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
@@ -241,7 +241,7 @@ class _Reply:
     def fault(self, finished: FinishedEvent) -> ApiError:
         """A request the engine failed: 503 when the engine process stopped (the next request starts another),
         else 500."""
-        status = 500 if self.gateway.service.alive else 503
+        status = 500 if self.gateway.service.lifecycle.alive else 503
         return ApiError(status, f"the request failed in the engine: {finished.error}", None, "server_error")
 
     def ending(self, finished: FinishedEvent) -> tuple[str, str]:

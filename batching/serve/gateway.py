@@ -72,7 +72,7 @@ class Gateway:
 
     def _session_now(self) -> Session:
         """The engine session, reopened if the engine was restarted or the session reaped."""
-        if self.service.ensure_running() or self._session.closed:
+        if self.service.lifecycle.ensure_running() or self._session.closed:
             self._session = self.service.open_session(self.options, self.max_queue)
         return self._session
 

@@ -2,8 +2,8 @@
 (`--kv-cache-memory-bytes`, else a share of the machine's memory), not the page's demo pool.
 
 The page's race keeps `kv_cache_tokens` (1,024 positions), a pool small enough that memory visibly decides who runs.
-A server with that pool runs two or three requests of a real model at a time and preempts the rest (measured on the
-0.5B shape: TTFT p50 77 s against vLLM's 7.6 s). So unless the KV memory is given (`--kv-cache-mb`, or
+A server with that pool runs two or three requests of a real model at a time and preempts the rest (its TTFT ten
+times vLLM's on the 0.5B shape: docs/benchmarks.md). So unless the KV memory is given (`--kv-cache-mb`, or
 `BATCHSCOPE_BATCHING__KV_CACHE_MB` / `__KV_CACHE_TOKENS` set), the server's pool holds `CONTEXTS_PER_SLOT` whole
 contexts for each slot (room for every slot's longest request, and for prefix caching to keep what finished requests
 computed), within `MEMORY_SHARE` of the memory available at start.

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NoReturn
 
 import uvicorn
 from transformers import GenerationConfig
@@ -26,6 +25,7 @@ from batching.serve.schemas import SamplingDefaults, ServedLimits
 from batching.service import EngineClient, EngineConfig, engine_options
 from config.settings import ModelSettings, Settings, SettingsError, load_settings, setting_warnings
 from model.loader import ModelLoadError, resolve_source
+from utils.cli import OneLineParser
 from utils.log_setup import configure_logging
 
 logger = logging.getLogger(__name__)
@@ -34,11 +34,6 @@ DEFAULT_PORT = 8000
 
 class ServeError(Exception):
     """Bad flags: one line on stderr, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise ServeError(message)
 
 
 def api_config(settings: Settings, service: EngineClient, options: BatcherOptions) -> ApiConfig:
@@ -108,7 +103,11 @@ def warm_up(service: EngineClient, options: BatcherOptions, timeout_s: float = 6
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m batching.serve", description="Serve the engine over an OpenAI-compatible API.")
+    parser = OneLineParser(
+        error_type=ServeError,
+        prog="python -m batching.serve",
+        description="Serve the engine over an OpenAI-compatible API.",
+    )
     parser.add_argument("--host", help="default: BATCHSCOPE_SERVER__HOST (127.0.0.1)")
     parser.add_argument("--port", type=int, help=f"default: BATCHSCOPE_SERVER__PORT, else {DEFAULT_PORT}")
     parser.add_argument("--model", help="builtin, a hub id or a local folder (default: settings)")

@@ -21,15 +21,12 @@ from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from batching.arrivals import Schedule
-from batching.engine.builder import RequestBuilder
-from batching.engine.compiled import CompileState
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.service.admission import Admission
-from batching.service.handles import BatcherLoad, Item, PrivateBatcher, RaceHandle, Session, Submitted
+from batching.service.handles import BatcherLoad, Session, Submitted
 from batching.service.lifecycle import EngineLifecycle
-from batching.service.messages import Cancel, EngineConfig, EngineInfo, EngineStats
+from batching.service.messages import Cancel, EngineConfig, EngineInfo
 from batching.service.private import PrivateRuns
 from batching.service.routing import Router
 from config.settings import LimitSettings, Settings
@@ -82,65 +79,22 @@ class EngineClient:
         self.private = PrivateRuns(self.lifecycle, self.router, self.admission)
         threading.Thread(target=self._reap_loop, name="batchscope-reaper", daemon=True).start()
 
-    @property
-    def limits(self) -> LimitSettings:
-        return self.admission.limits
-
-    @limits.setter
-    def limits(self, limits: LimitSettings) -> None:
-        self.admission.limits = limits
-
-    # --- the process (`lifecycle`) ---------------------------------------------------------------------------
+    # --- the process (`lifecycle`: its state, `ensure_running`, `stats`) -------------------------------------------
     @property
     def info(self) -> EngineInfo:
+        """What the engine serves (every view and the API read it)."""
         return self.lifecycle.info
-
-    @property
-    def pid(self) -> int | None:
-        return self.lifecycle.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.lifecycle.alive
-
-    @property
-    def restarts(self) -> int:
-        return self.lifecycle.restarts
-
-    @property
-    def last_error(self) -> str | None:
-        return self.lifecycle.last_error
-
-    @property
-    def stats(self) -> EngineStats:
-        return self.lifecycle.stats
-
-    @property
-    def live_batchers(self) -> int:
-        return self.stats.live_batchers
-
-    @property
-    def compile_state(self) -> CompileState:
-        """Whether the engine's decode steps are compiled yet (see `batching.engine.compiled`)."""
-        return self.stats.compile
-
-    def ensure_running(self) -> bool:
-        """Start a new engine process if the last one died; True when it had to (the page says so)."""
-        return self.lifecycle.ensure_running()
 
     def close(self) -> None:
         """Stop the engine process (also done at interpreter exit)."""
         self.lifecycle.close()
 
     # --- sessions on the shared batchers --------------------------------------------------------------------
-    def builder(self, options: BatcherOptions) -> RequestBuilder:
-        """What a batcher with `options` accepts (the engine's own checks, run here)."""
-        return self.admission.builder(options)
-
     def open_session(self, options: BatcherOptions, max_queue: int | None = None) -> Session:
         """A client's handle on the shared batcher for `options`; `max_queue` replaces the per-session limit (the
         API is one session serving many people, held by the total limit alone)."""
-        session = Session(self, self.router.new_id("s"), options, max_queue or self.limits.max_queue_per_session)
+        max_queue = max_queue or self.admission.limits.max_queue_per_session
+        session = Session(self, self.router.new_id("s"), options, max_queue)
         self.router.add(session)
         return session
 
@@ -157,32 +111,9 @@ class EngineClient:
         if request_ids:  # a dead engine's requests have ended with an error already
             self.lifecycle.send_if_alive(Cancel(tuple(request_ids)))
 
-    @property
-    def sessions(self) -> int:
-        return len(self.router.sessions)
-
-    def in_flight(self) -> int:
-        return self.router.in_flight()
-
     def load(self, options: BatcherOptions) -> BatcherLoad:
         """What the shared batcher for `options` holds now, from its latest step and the requests still pending."""
-        return self.router.load(options, self.builder(options).kv_tokens or 0)
-
-    # --- batchers of a client's own (`private`) --------------------------------------------------------------
-    def open_private(self, mode: str, options: BatcherOptions) -> PrivateBatcher:
-        """A batcher of your own in the engine process, stepped in its loop with a clock of its own."""
-        return self.private.open_private(mode, options)
-
-    def start_race(
-        self,
-        options: BatcherOptions,
-        items: Sequence[Item],
-        schedule: Schedule,
-        pause_s: float = 0.0,
-        cpu_clock: bool = False,
-    ) -> RaceHandle:
-        """A race of your own in the engine process (`PrivateRuns.start_race`)."""
-        return self.private.start_race(options, items, schedule, pause_s, cpu_clock)
+        return self.router.load(options, self.admission.builder(options).kv_tokens or 0)
 
     # --- the reaper ------------------------------------------------------------------------------------------
     def _reap_loop(self) -> None:
@@ -192,7 +123,7 @@ class EngineClient:
 
     def reap(self) -> int:
         """Drop sessions and races silent for `session_timeout_s`, cancelling their requests; returns how many."""
-        if not self.alive:  # while the engine restarts, no one can poll
+        if not self.lifecycle.alive:  # while the engine restarts, no one can poll
             return 0
         gone, races = self.router.silent_since(time.monotonic() - self.config.engine.session_timeout_s)
         for session in gone:

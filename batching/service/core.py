@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from batching.engine.batcher import Batcher
+from batching.engine.batcher import MODES, Batcher
 from batching.engine.compiled import CompileState, compile_state
 from batching.engine.events import Event, FinishedEvent
 from batching.engine.options import BatcherOptions
 from batching.engine.request import FinishReason, Request
-from batching.race import RACE_MODES, LaneStep, Race
+from batching.race import LaneStep, Race
 from batching.runs import CPU, WALL, ScheduledRun, StepClock
 from batching.service.messages import (
     Cancel,
@@ -106,7 +106,7 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         self._compile_sent = compile_state(self.model, self.settings.compile_steps)
-        live = len(self.private) + len(RACE_MODES) * len(self.races)
+        live = len(self.private) + len(MODES) * len(self.races)
         return EngineStats(tuple(self.shared), live, self._compile_sent)
 
     # --- commands ---------------------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ class EngineCore:
         elif isinstance(command, RaceAdd):
             if race is None:  # it ended while the request was on its way: say so on every lane
                 message = "the race had already ended; press Generate again"
-                for mode in RACE_MODES:
+                for mode in MODES:
                     step = LaneStep(mode, (failed(command.request.request_id, message),), (), 0.0, True)
                     self.emit(LaneOutputs(command.race_id, step))
                 return

@@ -18,9 +18,9 @@ from batching.arrivals import Schedule
 from batching.engine.events import Event
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
-from batching.race import LaneStep
-from batching.runs import RunRecord
-from batching.service.messages import RaceEnded, RunEnded
+from batching.race import LaneStep, check_pause
+from batching.runs import RunRecord, drain
+from batching.service.messages import RaceEnded, RacePace, RunEnded, StopRace
 
 Item = tuple[str | Sequence[int], RequestParams, str]  # (prompt, params, request id)
 
@@ -40,7 +40,8 @@ class PrivateLink(Protocol):
     def run_private(self, private: PrivateBatcher, items: Sequence[Item], schedule: Schedule) -> PrivateRun: ...
     def close_private(self, private: PrivateBatcher) -> None: ...
     def race_add(self, race: RaceHandle, item: Item) -> None: ...
-    def race_command(self, race: RaceHandle, command: str, pause_s: float = 0.0) -> None: ...
+    def race_send(self, message: RacePace | StopRace) -> None: ...
+    def close_race(self, race: RaceHandle) -> None: ...
 
 
 class QueueFullError(ValueError):
@@ -117,14 +118,7 @@ class Session:
         dropped and its requests cancelled.
         """
         self.last_seen = time.monotonic()
-        events: list[Event] = []
-        try:
-            events.append(self.inbox.get(timeout=timeout) if timeout > 0 else self.inbox.get_nowait())
-            while True:
-                events.append(self.inbox.get_nowait())
-        except queue.Empty:
-            pass
-        return events
+        return drain(self.inbox, timeout)
 
     def cancel(self, request_id: str) -> None:
         self.service.cancel([request_id])
@@ -231,11 +225,11 @@ class RaceHandle:
 
     def set_pause(self, pause_s: float) -> None:
         """Slow motion: seconds between the race's steps (0 to 1), counted on neither clock."""
-        self.client.race_command(self, "pace", pause_s)
+        self.client.race_send(RacePace(self.race_id, check_pause(pause_s)))
 
     def stop(self) -> None:
         """Cancel both lanes: running requests end cancelled, those yet to arrive never arrive."""
-        self.client.race_command(self, "stop")
+        self.client.race_send(StopRace(self.race_id))
 
     def close(self) -> None:
-        self.client.race_command(self, "close")
+        self.client.close_race(self)

@@ -2,7 +2,7 @@
 
 Forked when the client's process has not initialised CUDA (vLLM's default rule too): the child starts with torch and
 transformers already imported, so a cold start pays for loading the model only, not for importing the stack again
-(measured here: 0.5 s against 5-14 s for a fresh interpreter). A client that has initialised CUDA, which a forked
+(docs/benchmarks.md has the difference). A client that has initialised CUDA, which a forked
 child could not use, starts a fresh interpreter instead (`python -m batching.service`). Not multiprocessing's spawn:
 spawn re-runs the parent's `__main__`, which under Streamlit is the page script itself. Not multiprocessing's fork
 either: the child first lets go of every descriptor it inherited but its pipes (see

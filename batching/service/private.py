@@ -20,7 +20,6 @@ from batching.service.lifecycle import EngineLifecycle
 from batching.service.messages import (
     ClosePrivate,
     CloseRace,
-    Command,
     OpenPrivate,
     RaceAdd,
     RacePace,
@@ -87,19 +86,13 @@ class PrivateRuns:
         (request,) = self._build(race.options, [item])
         self.lifecycle.send(RaceAdd(race.race_id, request))
 
-    def race_command(self, race: RaceHandle, command: str, pause_s: float = 0.0) -> None:
-        """`pace` (slow motion), `stop` or `close` a race; a dead engine has stopped it already."""
-        if command == "pace":
-            message: Command = RacePace(race.race_id, check_pause(pause_s))
-        elif command == "stop":
-            message = StopRace(race.race_id)
-        elif command == "close":
-            if not self.router.remove_race(race.race_id):
-                return
-            message = CloseRace(race.race_id)
-        else:
-            raise ValueError(f"race command {command!r} is not allowed: choose pace, stop or close")
+    def race_send(self, message: RacePace | StopRace) -> None:
+        """Slow a race down or stop it; a dead engine has stopped it already."""
         self.lifecycle.send_if_alive(message)
+
+    def close_race(self, race: RaceHandle) -> None:
+        if self.router.remove_race(race.race_id):
+            self.lifecycle.send_if_alive(CloseRace(race.race_id))
 
     def _build(self, options: BatcherOptions, items: Sequence[Item]) -> tuple[Request, ...]:
         """Each (prompt, params, request id) item as a request, checked as the engine would; ValueError if not."""

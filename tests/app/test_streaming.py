@@ -12,7 +12,7 @@ import pytest
 
 from app.live_run import CURSOR, LiveRun
 from app.prompt_queue import PromptQueue
-from app.streaming import CHART_COST_FACTOR, Redraw, Stream, join_new_items
+from app.streaming import CHART_COST_FACTOR, Redraw, RunStream, join_new_items
 from batching.engine.options import BatcherOptions
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
@@ -63,7 +63,7 @@ def new_run(session, start: float, caps: list[int], offsets: list[float] | None 
     return run
 
 
-def run_to_end(stream: Stream, limit_s: float = 60.0) -> list[Redraw]:
+def run_to_end(stream: RunStream, limit_s: float = 60.0) -> list[Redraw]:
     redraws, deadline = [], time.monotonic() + limit_s
     while time.monotonic() < deadline:
         redraws.append(stream.tick())
@@ -74,7 +74,7 @@ def run_to_end(stream: Stream, limit_s: float = 60.0) -> list[Redraw]:
 
 def test_a_stream_submits_every_prompt_and_ends_with_each_final_answer_drawn(session) -> None:
     run = new_run(session, time.perf_counter(), [3, 5, 2])
-    redraws = run_to_end(Stream(run, session, compare=False))
+    redraws = run_to_end(RunStream(run, session, compare=False))
     assert run.completed and [view.finished.output_tokens for view in run.views] == [3, 5, 2]
     last_drawn = {}
     for redraw in redraws:
@@ -92,7 +92,7 @@ def test_a_stream_submits_every_prompt_and_ends_with_each_final_answer_drawn(ses
 def test_a_prompt_is_submitted_only_when_its_arrival_time_comes(session) -> None:
     clock = SteppedClock()
     run = new_run(session, clock.now, [2, 2], offsets=[0.0, 5.0])
-    stream = Stream(run, session, compare=False, clock=clock)
+    stream = RunStream(run, session, compare=False, clock=clock)
     stream.tick()
     assert run.views[0].request_id is not None and run.views[1].status == "scheduled"
     clock.now += 4.9
@@ -105,7 +105,7 @@ def test_a_prompt_is_submitted_only_when_its_arrival_time_comes(session) -> None
 
 def test_a_prompt_the_engine_refuses_ends_with_the_engines_message(session) -> None:
     run = new_run(session, time.perf_counter(), [2, 100_000])
-    run_to_end(Stream(run, session, compare=False))
+    run_to_end(RunStream(run, session, compare=False))
     assert run.views[0].finished.reason == FinishReason.LENGTH
     assert run.views[1].status == "refused" and "max_new_tokens" in run.views[1].refused
     assert run.views[1].status_line().startswith("not run: ")
@@ -114,7 +114,7 @@ def test_a_prompt_the_engine_refuses_ends_with_the_engines_message(session) -> N
 def test_answers_are_redrawn_only_when_changed_and_at_most_once_per_interval(session) -> None:
     clock = SteppedClock()
     run = new_run(session, clock.now, [2, 2], offsets=[60.0, 60.0])  # both stay scheduled: nothing changes
-    stream = Stream(run, session, compare=False, clock=clock, text_every_s=0.125)
+    stream = RunStream(run, session, compare=False, clock=clock, text_every_s=0.125)
     assert stream.tick().answers == []  # the page drew every card already; nothing changed since
     run.views[0].refused = "stopped before it was sent"  # a change, but within the same interval
     assert stream.tick().answers == []
@@ -128,7 +128,7 @@ def test_answers_are_redrawn_only_when_changed_and_at_most_once_per_interval(ses
 def test_charts_wait_in_proportion_to_what_drawing_them_cost(session) -> None:
     clock = SteppedClock()
     run = new_run(session, clock.now, [2], offsets=[60.0])
-    stream = Stream(run, session, compare=False, clock=clock, chart_every_s=0.5)
+    stream = RunStream(run, session, compare=False, clock=clock, chart_every_s=0.5)
     first = stream.tick()
     assert first.progress and first.live_charts
     drawn_at = clock.now
@@ -148,14 +148,14 @@ def test_charts_wait_in_proportion_to_what_drawing_them_cost(session) -> None:
 @pytest.mark.parametrize("compare", [True, False])
 def test_the_last_live_charts_are_skipped_only_when_the_comparison_follows(session, compare: bool) -> None:
     run = new_run(session, time.perf_counter(), [2])
-    last = run_to_end(Stream(run, session, compare=compare))[-1]
+    last = run_to_end(RunStream(run, session, compare=compare))[-1]
     assert last.done and last.progress
     assert last.live_charts is not compare
 
 
 def test_the_live_charts_are_drawn_at_the_end_of_a_stopped_run_even_with_the_comparison_on(session) -> None:
     run = new_run(session, time.perf_counter(), [2, 2], offsets=[0.0, 60.0])
-    stream = Stream(run, session, compare=True)
+    stream = RunStream(run, session, compare=True)
     assert not stream.tick().done
     run.stop()  # the second prompt is dropped before it was sent: no comparison follows
     last = run_to_end(stream)[-1]
@@ -200,9 +200,9 @@ def test_a_newer_script_runs_stream_takes_the_run_over_and_the_older_one_neither
     clock = SteppedClock()
     counted = CountedSession(session)
     run = new_run(session, clock.now, [3, 4, 2], offsets=[0.0, 0.0, 0.5])
-    old = Stream(run, counted, compare=False, clock=clock)
+    old = RunStream(run, counted, compare=False, clock=clock)
     old.tick()
-    new = Stream(run, counted, compare=False, clock=clock)
+    new = RunStream(run, counted, compare=False, clock=clock)
     clock.now += 1.0  # the third prompt is due
     polls, submitted = counted.polls, counted.submitted
     redraw = old.tick()

@@ -46,7 +46,7 @@ class Starts:
 
     def __call__(self, index: int, schedule: Schedule) -> SweepRace:
         self.log.append(f"start {index}")
-        handle = self.client.start_race(OPTIONS, self.items, schedule, cpu_clock=self.cpu_clock)
+        handle = self.client.private.start_race(OPTIONS, self.items, schedule, cpu_clock=self.cpu_clock)
         starts = self
 
         class Logged:

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from batching.arrivals import Schedule
 from batching.bench.cli import main
 from batching.bench.gguf_convert import GGUFConversionError, convert
-from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, ServerSettings, find_server
+from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
 from batching.engine.request import FinishReason
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 50], [1, 60, 61, 62], [1, 70, 71, 72, 73, 74], [1, 80, 81], [1, 90]]
@@ -54,7 +54,7 @@ def test_every_request_gets_exactly_its_cap_of_the_same_greedy_tokens_as_transfo
 ) -> None:
     command = _server()
     model, tokenizer = _load(tiny_model_dirs[family])
-    settings = ServerSettings(
+    settings = LlamaCppSettings(
         convert(model, tokenizer, tmp_path), slots=3, context_per_slot=32, threads=1, batch_tokens=64
     )
     with LlamaCppPeer(command, settings, tokenizer, tmp_path) as peer:
@@ -80,7 +80,7 @@ def test_a_request_due_at_a_later_step_is_sent_after_the_server_has_taken_that_m
 ) -> None:
     command = _server()
     model, tokenizer = _load(tiny_model_dirs["llama"])
-    settings = ServerSettings(
+    settings = LlamaCppSettings(
         convert(model, tokenizer, tmp_path), slots=2, context_per_slot=48, threads=1, batch_tokens=64
     )
     with LlamaCppPeer(command, settings, tokenizer, tmp_path) as peer:
@@ -95,7 +95,7 @@ def test_a_request_due_at_a_later_step_is_sent_after_the_server_has_taken_that_m
 def test_the_server_is_stopped_even_when_the_run_fails(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
     command = _server()
     model, tokenizer = _load(tiny_model_dirs["llama"])
-    settings = ServerSettings(
+    settings = LlamaCppSettings(
         convert(model, tokenizer, tmp_path), slots=1, context_per_slot=16, threads=1, batch_tokens=16
     )
     peer = LlamaCppPeer(command, settings, tokenizer, tmp_path)
@@ -110,8 +110,8 @@ def test_the_server_is_stopped_even_when_the_run_fails(tiny_model_dirs: dict[str
 def test_extra_flags_come_after_ours_and_win(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
     command = _server()
     model, tokenizer = _load(tiny_model_dirs["llama"])
-    settings = ServerSettings(convert(model, tokenizer, tmp_path), 2, 16, 1, 16, extra=("-kvu",))
-    args = settings.args(port=1)
+    settings = LlamaCppSettings(convert(model, tokenizer, tmp_path), 2, 16, 1, 16, extra=("-kvu",))
+    args = settings.args()
     assert args[-1] == "-kvu" and "-no-kvu" in args and args[args.index("-fa") + 1] == "on"  # the measured best
     with LlamaCppPeer(command, settings, tokenizer, tmp_path):
         pass
@@ -209,7 +209,7 @@ def test_a_server_that_cannot_load_its_model_is_reported_with_its_log(
     command = _server()
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF not really")
-    settings = ServerSettings(broken, slots=1, context_per_slot=16, threads=1, batch_tokens=16)
+    settings = LlamaCppSettings(broken, slots=1, context_per_slot=16, threads=1, batch_tokens=16)
     _, tokenizer = _load(tiny_model_dirs["llama"])
     with pytest.raises(LlamaCppError, match="exited with code"), LlamaCppPeer(command, settings, tokenizer, tmp_path):
         pass

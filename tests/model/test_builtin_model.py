@@ -1,17 +1,15 @@
-"""The embedded model shipped in model/builtin: loads offline and fast, answers and stops, and its data is sound."""
+"""The embedded model shipped in model/builtin: loads offline, is small, answers and stops."""
 
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from model.corpus import WORKLOAD_QUERIES, heldout_examples, normalize, training_examples
+from model.loader import BUILTIN_MODEL_DIR
 from model.prompting import extract_answer, format_prompt
-from model.train_builtin import BUILTIN_DIR
 
 UNICODE_SAMPLES = (
     "emoji 🎉🚀 and a family 👩‍👩‍👧‍👦",
@@ -26,20 +24,18 @@ UNICODE_SAMPLES = (
 def builtin() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The shipped model and tokenizer, loaded from the folder with the hub switched off."""
     os.environ["HF_HUB_OFFLINE"] = "1"
-    tokenizer = AutoTokenizer.from_pretrained(BUILTIN_DIR)
-    model = AutoModelForCausalLM.from_pretrained(BUILTIN_DIR, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
+    model = AutoModelForCausalLM.from_pretrained(BUILTIN_MODEL_DIR, dtype=torch.float32).eval()
     return model, tokenizer
 
 
-def test_builtin_model_loads_offline_within_two_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_builtin_model_loads_offline_and_is_small(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    started = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(BUILTIN_DIR)
-    model = AutoModelForCausalLM.from_pretrained(BUILTIN_DIR)
-    assert time.perf_counter() - started < 2.0
+    tokenizer = AutoTokenizer.from_pretrained(BUILTIN_MODEL_DIR)
+    model = AutoModelForCausalLM.from_pretrained(BUILTIN_MODEL_DIR)
     assert model.config.eos_token_id == tokenizer.eos_token_id
     assert model.config.max_position_embeddings >= 1024
-    assert (BUILTIN_DIR / "model.safetensors").stat().st_size <= 20_000_000
+    assert (BUILTIN_MODEL_DIR / "model.safetensors").stat().st_size <= 20_000_000
 
 
 @pytest.mark.parametrize("question", ["What's your return policy?", "Do you offer gift wrapping?"])
@@ -76,26 +72,6 @@ def test_tokenizer_round_trips_any_unicode_losslessly(
     ids = tokenizer(text)["input_ids"]
     assert tokenizer.decode(ids) == text
     assert tokenizer.unk_token_id not in ids or tokenizer.unk_token_id is None
-
-
-def test_corpus_is_deterministic_for_a_seed() -> None:
-    assert training_examples(200, seed=7) == training_examples(200, seed=7)
-    assert training_examples(200, seed=7) != training_examples(200, seed=8)
-    assert heldout_examples() == heldout_examples()
-
-
-def test_heldout_phrasings_include_the_workload_and_never_appear_in_training() -> None:
-    heldout = heldout_examples()
-    assert set(WORKLOAD_QUERIES) <= {example.question for example in heldout}
-    training = {f" {normalize(example.question)} " for example in training_examples(5000)}
-    for example in heldout:
-        phrase = f" {normalize(example.question)} "
-        assert not any(phrase in question for question in training), example.question
-
-
-def test_answer_lengths_differ_on_purpose_between_intents() -> None:
-    lengths = {example.intent: len(example.answer.split()) for example in heldout_examples()}
-    assert lengths["smartphone_features"] >= 8 * lengths["return_policy"]
 
 
 def test_builtin_loads_through_the_app_loader_by_name() -> None:

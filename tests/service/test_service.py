@@ -77,8 +77,8 @@ def wait_for(condition, seconds: float = 10.0) -> bool:
 def assert_engine_empty(client: EngineClient) -> None:
     """Nothing in flight, and every shared batcher closed for idleness (the engine closes only batchers without
     work: nothing waiting, running or held)."""
-    assert wait_for(lambda: client.in_flight() == 0)
-    assert wait_for(lambda: client.stats.shared == (), IDLE_BATCHER_S + 5), client.stats
+    assert wait_for(lambda: client.router.in_flight() == 0)
+    assert wait_for(lambda: client.lifecycle.stats.shared == (), IDLE_BATCHER_S + 5), client.lifecycle.stats
 
 
 def test_eight_clients_sixteen_requests_each_with_random_cancellations(client, qwen) -> None:
@@ -139,7 +139,7 @@ def test_eight_clients_sixteen_requests_each_with_random_cancellations(client, q
 
 
 def test_requests_beyond_the_queue_limits_are_refused_with_a_message(client) -> None:
-    limits, client.limits = client.limits, LimitSettings(max_queue_per_session=3, max_queue_total=5)
+    limits, client.admission.limits = client.admission.limits, LimitSettings(max_queue_per_session=3, max_queue_total=5)
     try:
         first, second = client.open_session(OPTIONS), client.open_session(OPTIONS)
         for _ in range(3):
@@ -156,7 +156,7 @@ def test_requests_beyond_the_queue_limits_are_refused_with_a_message(client) -> 
         reasons = {e.reason for e in drain(first) + drain(second) if isinstance(e, FinishedEvent)}
         assert reasons == {FinishReason.CANCELLED}
     finally:
-        client.limits = limits
+        client.admission.limits = limits
     assert_engine_empty(client)
 
 
@@ -171,7 +171,7 @@ def test_bad_input_is_refused_with_the_engines_message_without_reaching_the_engi
     small_pool = client.open_session(replace(OPTIONS, kv_cache_tokens=64))
     with pytest.raises(ValueError, match=r"too large for the KV cache: .* the whole cache holds 64"):
         small_pool.submit([5, 6], RequestParams(63))
-    assert not session.pending and not small_pool.pending and client.in_flight() == 0
+    assert not session.pending and not small_pool.pending and client.router.in_flight() == 0
 
 
 def test_a_session_that_stops_polling_is_dropped_and_its_requests_cancelled(client) -> None:
@@ -179,8 +179,10 @@ def test_a_session_that_stops_polling_is_dropped_and_its_requests_cancelled(clie
     gone, idle = client.open_session(one_slot), client.open_session(OPTIONS)
     silent_since = time.perf_counter()  # no later than the session was last seen (its submits below)
     requests = [gone.submit([5, 6, 7], RequestParams(500, ignore_eos=True)) for _ in range(16)]  # 8,000 steps
-    assert wait_for(lambda: client.in_flight() == 0, 300)
-    assert gone.closed and wait_for(lambda: idle.closed and client.sessions == 0)  # the idle session went too
+    assert wait_for(lambda: client.router.in_flight() == 0, 300)
+    assert gone.closed and wait_for(
+        lambda: idle.closed and len(client.router.sessions) == 0
+    )  # the idle session went too
     finished = [e for e in gone.poll() if isinstance(e, FinishedEvent)]
     assert sorted(e.request_id for e in finished) == sorted(r.request_id for r in requests)  # one finish each
     # Whatever this machine's speed: requests done before the tab was declared gone ended by their cap, the rest
@@ -202,7 +204,7 @@ def test_an_exception_inside_one_request_fails_it_and_the_others_go_on(client, q
     assert finished[bad.request_id].reason is FinishReason.ERROR
     assert "tokenizer exploded" in finished[bad.request_id].error
     assert list(finished[good.request_id].output_ids) == reference(qwen.model, [8, 9], 10, ignore_eos=True)
-    assert client.alive
+    assert client.lifecycle.alive
 
 
 def test_sliding_the_batch_size_through_every_value_keeps_at_most_max_shared_batchers_alive(client) -> None:
@@ -211,8 +213,8 @@ def test_sliding_the_batch_size_through_every_value_keeps_at_most_max_shared_bat
         session = client.open_session(BatcherOptions(max_batch_size=slots, max_batched_tokens=64))
         session.submit([5, 6, 7], RequestParams(2))
         drain(session)
-        seen.append(client.live_batchers)
-        assert 1 <= client.live_batchers <= MAX_SHARED_BATCHERS, client.stats
+        seen.append(client.lifecycle.stats.live_batchers)
+        assert 1 <= client.lifecycle.stats.live_batchers <= MAX_SHARED_BATCHERS, client.lifecycle.stats
     assert max(seen) == MAX_SHARED_BATCHERS
     assert_engine_empty(client)  # and idle ones are closed after idle_shared_batcher_timeout_s
 
@@ -243,7 +245,7 @@ def best_replay(client: EngineClient, tries: int = 2) -> float:
     items, schedule = replay_items(16)
     walls = []
     for _ in range(tries):
-        with client.open_private("continuous", OPTIONS) as private:
+        with client.private.open_private("continuous", OPTIONS) as private:
             record = private.run(items, schedule).complete()
         assert len(record.finished) == 16 and record.steps
         walls.append(record.wall_s)
@@ -329,10 +331,10 @@ def test_kill_9_of_the_engine_process_ends_waiting_requests_and_the_next_call_re
     session = client.open_session(OPTIONS)
     waiting = [session.submit([5, 6, 7], RequestParams(400, ignore_eos=True)) for _ in range(3)]
     items, schedule = replay_items(4)
-    private = client.open_private("static", OPTIONS)
+    private = client.private.open_private("static", OPTIONS)
     run = private.run([(p, RequestParams(400, ignore_eos=True), rid) for p, _, rid in items], schedule)
     assert wait_for(lambda: any(isinstance(e, TokenEvent) for e in session.poll()))
-    old_pid = client.pid
+    old_pid = client.lifecycle.pid
     os.kill(old_pid, signal.SIGKILL)
 
     events = drain(session, until=10)
@@ -342,11 +344,11 @@ def test_kill_9_of_the_engine_process_ends_waiting_requests_and_the_next_call_re
     assert "killed by signal 9" in finished[0].error and "reload the page" in finished[0].error
     with pytest.raises(EngineDeadError, match="killed by signal 9"):
         run.complete()
-    assert not client.alive and client.live_batchers == 0
+    assert not client.lifecycle.alive and client.lifecycle.stats.live_batchers == 0
 
     again = session.submit([8, 9], RequestParams(6, ignore_eos=True))  # the next call starts a new engine
-    assert client.alive and client.restarts == 1 and client.pid != old_pid
-    assert client.ensure_running() is False
+    assert client.lifecycle.alive and client.lifecycle.restarts == 1 and client.lifecycle.pid != old_pid
+    assert client.lifecycle.ensure_running() is False
     done = [e for e in drain(session) if isinstance(e, FinishedEvent)]
     assert [e.request_id for e in done] == [again.request_id]
     assert list(done[0].output_ids) == reference(qwen.model, [8, 9], 6, ignore_eos=True)
@@ -389,21 +391,21 @@ def test_the_engine_answers_while_its_steps_compile_then_says_they_are_compiled(
         # A shape no other test compiles; kernels the compiler does not time (a compile of half the time).
         options = replace(OPTIONS, max_batch_size=5, compile_steps=True, compile_autotune=False)
         session = compiling.open_session(options)
-        assert wait_for(lambda: compiling.compile_state.stage == "waiting")
+        assert wait_for(lambda: compiling.lifecycle.stats.compile.stage == "waiting")
         stages, answered_while_compiling = set(), 0
         prompts = random_prompts(40, vocab=300, seed=11, longest=12)
         index = 0
         deadline = time.monotonic() + 600
-        while compiling.compile_state.stage != "compiled" and time.monotonic() < deadline:
-            stages.add(compiling.compile_state.stage)
+        while compiling.lifecycle.stats.compile.stage != "compiled" and time.monotonic() < deadline:
+            stages.add(compiling.lifecycle.stats.compile.stage)
             if len(session.pending) < 5 and index < len(prompts):
                 session.submit(prompts[index], RequestParams(60, ignore_eos=True))
                 index += 1
             for event in session.poll(timeout=0.05):
                 if isinstance(event, FinishedEvent):
                     assert event.reason is FinishReason.LENGTH, event.error
-                    answered_while_compiling += compiling.compile_state.stage == "compiling"
-        state = compiling.compile_state
+                    answered_while_compiling += compiling.lifecycle.stats.compile.stage == "compiling"
+        state = compiling.lifecycle.stats.compile
         assert state.stage == "compiled" and state.seconds is not None and state.seconds > 0, (state, stages)
         assert "compiling" in stages and answered_while_compiling >= 1
         drain(session)

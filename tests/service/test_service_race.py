@@ -59,7 +59,7 @@ def events_of(steps: list[LaneStep], kind: type) -> list:
 
 def test_both_lanes_stream_while_the_race_runs_and_answer_everything_alike(client: EngineClient) -> None:
     queue = items(10)
-    race = client.start_race(OPTIONS, queue, Schedule.at_once(len(queue)))
+    race = client.private.start_race(OPTIONS, queue, Schedule.at_once(len(queue)))
     try:
         lanes, ended = follow(race)
     finally:
@@ -89,7 +89,7 @@ def test_both_lanes_stream_while_the_race_runs_and_answer_everything_alike(clien
 def test_a_prompt_added_mid_race_joins_both_lanes_and_stop_cancels_both(client: EngineClient) -> None:
     queue = [(prompt, RequestParams(200, ignore_eos=True), rid) for prompt, _, rid in items(8)]
     # Slow motion keeps the lanes busy long enough (an idle lane would jump straight to the 30 s arrivals).
-    race = client.start_race(OPTIONS, queue, Schedule.timed([0.0] * 6 + [30.0, 30.0]), pause_s=0.01)
+    race = client.private.start_race(OPTIONS, queue, Schedule.timed([0.0] * 6 + [30.0, 30.0]), pause_s=0.01)
     try:
         while not any(isinstance(m, LaneStep) and m.elapsed > 0 for m in race.poll(timeout=0.05)):
             pass
@@ -111,7 +111,7 @@ def test_slow_motion_slows_the_steps_but_not_the_clocks(client: EngineClient) ->
     queue = items(6)
     results = {}
     for pause in (0.0, 0.03, 0.0):
-        race = client.start_race(OPTIONS, queue, Schedule.at_once(len(queue)), pause_s=pause)
+        race = client.private.start_race(OPTIONS, queue, Schedule.at_once(len(queue)), pause_s=pause)
         started = time.monotonic()
         try:
             lanes, ended = follow(race)
@@ -131,16 +131,16 @@ def test_slow_motion_slows_the_steps_but_not_the_clocks(client: EngineClient) ->
 
 def test_a_race_nobody_polls_is_closed_and_adding_to_an_ended_race_fails_that_prompt(client: EngineClient) -> None:
     queue = items(2)
-    race = client.start_race(OPTIONS, queue, Schedule.timed([0.0, 300.0]))
+    race = client.private.start_race(OPTIONS, queue, Schedule.timed([0.0, 300.0]))
     deadline = time.monotonic() + SESSION_TIMEOUT_S + 5
     while race.race_id in client.router.races and time.monotonic() < deadline:
         time.sleep(0.1)
     assert race.race_id not in client.router.races
     deadline = time.monotonic() + 5
-    while client.stats.private and time.monotonic() < deadline:  # the engine dropped its lanes too
+    while client.lifecycle.stats.private and time.monotonic() < deadline:  # the engine dropped its lanes too
         time.sleep(0.05)
-    assert client.stats.private == 0
-    ended_race = client.start_race(OPTIONS, items(1), Schedule.at_once(1))
+    assert client.lifecycle.stats.private == 0
+    ended_race = client.private.start_race(OPTIONS, items(1), Schedule.at_once(1))
     follow(ended_race)
     ended_race.add([5, 6], RequestParams(2), "x/too-late")
     deadline = time.monotonic() + 10
@@ -156,8 +156,8 @@ def test_a_race_nobody_polls_is_closed_and_adding_to_an_ended_race_fails_that_pr
 
 def test_bad_race_input_is_refused_before_anything_starts(client: EngineClient) -> None:
     with pytest.raises(ValueError, match="one per request"):
-        client.start_race(OPTIONS, items(2), Schedule.at_once(3))
+        client.private.start_race(OPTIONS, items(2), Schedule.at_once(3))
     with pytest.raises(ValueError, match="pause=5"):
-        client.start_race(OPTIONS, items(2), Schedule.at_once(2), pause_s=5)
+        client.private.start_race(OPTIONS, items(2), Schedule.at_once(2), pause_s=5)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        client.start_race(OPTIONS, [([5, 6], RequestParams(0), "x/0")], Schedule.at_once(1))
+        client.private.start_race(OPTIONS, [([5, 6], RequestParams(0), "x/0")], Schedule.at_once(1))

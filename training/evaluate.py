@@ -1,6 +1,6 @@
 """Evaluate the embedded model on held-out phrasings (the app's workload among them).
 
-Run `python -m model.evaluate_builtin [--model model/builtin]`. It prints how often greedy answers end
+Run `python -m training.evaluate [--model model/builtin]`. It prints how often greedy answers end
 with EOS, how often they are on topic (they name a keyword of the question's intent), the mean answer
 length per intent, and the held-out answer loss of the trained model next to the same architecture
 with random weights. It exits with status 1 when the EOS rate is under 80% or the longest intent's
@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from model.corpus import WORKLOAD_QUERIES, Example, heldout_examples
+from model.loader import BUILTIN_MODEL_DIR
 from model.prompting import extract_answer, format_prompt
-from model.train_builtin import BUILTIN_DIR, IGNORE, Encoded, build_model, encode
+from training.corpus import WORKLOAD_QUERIES, Example, heldout_examples
+from training.train import IGNORE, Encoded, build_model, encode
 
 MAX_NEW_TOKENS = 256
 
@@ -102,7 +103,7 @@ def report(answers: Sequence[Answer]) -> tuple[float, float]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=BUILTIN_DIR, help="folder of the model to evaluate")
+    parser.add_argument("--model", type=Path, default=BUILTIN_MODEL_DIR, help="folder of the model to evaluate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random-weights baseline")
     parser.add_argument("--samples", type=int, default=4, help="workload answers to print in full")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")

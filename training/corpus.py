@@ -1,6 +1,6 @@
 """A seeded generator of customer-support Q/A pairs for an online shop: the embedded model's training data.
 
-What the shop knows lives in `intents.json` beside this file (read here, and so by `model.train_builtin`): each
+What the shop knows lives in `intents.json` beside this file (read here, and so by `training.train`): each
 intent's training phrasings and held-out phrasings (never used for training), the slot values (products, colours,
 order numbers) and an answer whose length is set on purpose: one short sentence for the return policy, several
 paragraphs for the latest smartphone. That spread is what makes requests finish at different times in the app.

@@ -1,8 +1,8 @@
 """Rebuild the embedded model from scratch: corpus, byte-level BPE tokenizer and a small Llama, trained on CPU.
 
-Run `python -m model.train_builtin [--out model/builtin] [--steps N]`. Everything is seeded, so the same
+Run `python -m training.train [--out model/builtin] [--steps N]`. Everything is seeded, so the same
 arguments on the same machine give the same model. The loss counts only answer tokens and the EOS. The corpus is
-drawn (`model.corpus`) from the intents in `model/intents.json`: edit the data there, the drawing in corpus.py.
+drawn (`training.corpus`) from the intents in `training/intents.json`: edit the data there, the drawing in corpus.py.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from model.corpus import Example, training_examples
+from model.loader import BUILTIN_MODEL_DIR
 from model.prompting import format_prompt
+from training.corpus import Example, training_examples
 
-BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")  # ids 0, 1, 2
 IGNORE = -100
 
@@ -174,7 +174,7 @@ def save(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path)
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=BUILTIN_DIR, help="folder to write the model into")
+    parser.add_argument("--out", type=Path, default=BUILTIN_MODEL_DIR, help="folder to write the model into")
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps")
     parser.add_argument("--examples", type=int, default=30000, help="training examples to generate")
     parser.add_argument("--vocab-size", type=int, default=4096)
