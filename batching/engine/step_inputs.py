@@ -99,8 +99,19 @@ def tensors_of(plan: object) -> list[torch.Tensor]:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
             found.append(item)
-        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
-            stack += [getattr(item, spec.name) for spec in dataclasses.fields(item)]
         elif isinstance(item, list | tuple):
             stack += list(item)
+        elif (names := _field_names(type(item))) is not None:
+            stack += [getattr(item, name) for name in names]
     return found
+
+
+_FIELDS: dict[type, tuple[str, ...] | None] = {}  # a compiled step lists its roles every step: fields read once
+
+
+def _field_names(kind: type) -> tuple[str, ...] | None:
+    """A dataclass's field names (None for any other type), looked up once per type."""
+    if kind not in _FIELDS:
+        is_dataclass = dataclasses.is_dataclass(kind)
+        _FIELDS[kind] = tuple(spec.name for spec in dataclasses.fields(kind)) if is_dataclass else None
+    return _FIELDS[kind]
