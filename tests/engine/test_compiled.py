@@ -109,7 +109,7 @@ def test_prompts_short_and_long_go_through_the_prompt_graph_when_attention_reads
     runner = batcher.runner
     assert runner.compiler is not None and runner.mixed_compiler is not None
     assert runner.compiler.compile_now() is not None and runner.mixed_compiler.compile_now() is not None
-    assert runner._reading_through_tables()  # the graphs' compile loaded the paged-decode operator
+    assert runner._reading_tables()  # the graphs' compile loaded the paged-decode operator
     rng_prompts = random_prompts(8, vocab=300, seed=21, longest=2)
     waves = {
         "four 40-token prompts (160 tokens)": [[*p, *range(10, 49)] for p in rng_prompts[:4]],

@@ -95,8 +95,8 @@ def test_submit_refuses_a_request_built_for_a_larger_pool(tiny_model_dirs, mode:
 
 
 def _assert_everyone_runs_or_has_a_reason(step_events: list, live: set[str]) -> None:
-    """In a step, each request still in the batcher (not cancelled as the step began) either has a row or is listed
-    as waiting with a reason, never both: the reasons sum to the waiting count."""
+    """In a step, each request still in the batcher (not cancelled as the step began) either computes in a row or is
+    listed as waiting with a reason, never both: the reasons sum to the waiting count."""
     steps = [event for event in step_events if isinstance(event, StepEvent)]
     if not steps:
         return
@@ -104,10 +104,12 @@ def _assert_everyone_runs_or_has_a_reason(step_events: list, live: set[str]) -> 
     cancelled = {
         e.request_id for e in step_events if isinstance(e, FinishedEvent) and e.reason is FinishReason.CANCELLED
     }
-    in_rows = {row.request_id for row in step.rows if row.kind is not RowKind.HELD}
+    computing = {row.request_id for row in step.rows if row.kind in (RowKind.PREFILL, RowKind.DECODE)}
     waiting = [entry.request_id for entry in step.waiting]
-    assert len(waiting) == len(set(waiting)) and not in_rows & set(waiting)
-    assert in_rows | set(waiting) == live - cancelled
+    assert len(waiting) == len(set(waiting)) and not computing & set(waiting)
+    # An admitted row the token budget left without a chunk computes nothing: it waits, with its reason.
+    assert {row.request_id for row in step.rows if row.kind is RowKind.WAITING} <= set(waiting)
+    assert computing | set(waiting) == live - cancelled
 
 
 # --- property: no request can hurt another ------------------------------------------------------------------
