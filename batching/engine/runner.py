@@ -214,7 +214,7 @@ class ModelRunner:
                 answer, plan = replayed
                 self.last_mask = self.builder.describe_decode(plan, rows)
                 return answer
-        inputs, sources = self.builder.decode(values, rows, self._reading_tables())
+        inputs, sources = self.builder.decode(values, rows, self._reading_tables(), trace)
         self.last_mask = inputs.mask
         if graphs is not None and bucket is not None and step is not None:
             return self.caller.capture(graphs, bucket, inputs, sources, step)

@@ -96,19 +96,23 @@ class StepBuilder:
             cache.padding[:rows] + [0] * pad,
         ]
 
-    def decode(self, values: list[list[Any]], rows: int, paged: bool) -> tuple[StepInputs, list[torch.Tensor]]:
+    def decode(
+        self, values: list[list[Any]], rows: int, paged: bool, trace: bool = False
+    ) -> tuple[StepInputs, list[torch.Tensor]]:
         """A decode step from `decode_values`, and the tensors made of them (a CUDA graph's capture copies into
-        them). Blocks stay symbolic when it traces; rows too with more than two slots (with two or fewer every
-        compiled step has all of them: one row is padded to two)."""
+        them). With `trace` (the step that makes the graph) its sizes to keep symbolic: blocks, and rows too with
+        more than two slots (with two or fewer every compiled step has all of them: one row is padded to two)."""
         cache = self.cache
         sources = [self._tensor(value) for value in values]
         input_ids, position_ids, write_slots, write_columns, tables, first = sources
         mask = RowMask(write_columns[:, None, None, None], first[:, None, None, None], self.dtype)
         kv_len = tables.shape[1] * cache.pool.block_size
         plan = PackedPlan(tables.shape[0], None, None, mask, [], kv_len, tables if paged else None)
-        dynamic: Dims = [(tables, 1), *((pool, 1) for pool in cache.pools())]  # any pool: the scratch one is smaller
+        dynamic: Dims = []
         maybe: Dims = []
-        if cache.capacity > 2:
+        if trace:  # any pool size: the scratch pool is smaller than a batcher's
+            dynamic = [(tables, 1), *((pool, 1) for pool in cache.pools())]
+        if trace and cache.capacity > 2:
             # Rows may be specialised after all: a hybrid's mixers take rows as their batch, and inductor's linear
             # fusion compares the batch with the sizes of a parameter added to a projection (Qwen3.5's dt_bias: its
             # head count), which guards the count off that size, or on it when they are equal while tracing. The

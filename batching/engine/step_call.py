@@ -48,6 +48,7 @@ class StepCaller:
 
     def __init__(self, model: PreTrainedModel, cache: PagedKVCache, cache_kwarg: str) -> None:
         self.model = model
+        self.direct_calls = direct_calls_supported(model.device)  # read once: a model's device is found each time
         self.cache = cache
         self.cache_kwarg = cache_kwarg
         # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
@@ -122,7 +123,7 @@ class StepCaller:
         `torch.compile`, watched to make the call, then run both ways to check it. None: the normal call."""
         if path.failed or self.cache.recurrent_states is not None:  # a hybrid's states are not checked: normal call
             return None
-        if not direct_calls_supported(self.model.device):
+        if not self.direct_calls:
             return None
         call = path.call
         if call is None:
