@@ -40,6 +40,19 @@ def _gathered(query, key_pool, value_pool, tables, own, first, window, scale) ->
     return attend(query[:, :, None], keys, values, mask.additive(window, keys.shape[2]), scale)[:, :, 0]
 
 
+def _scattered_tables(lengths: list[int], blocks: int, generator: torch.Generator) -> torch.Tensor:
+    """Each row's blocks for `lengths` columns, drawn at random from a pool of `blocks`; the rest of its table the
+    scratch block (index `blocks`)."""
+    width = -(-max(lengths) // BLOCK)
+    order = torch.randperm(blocks, generator=generator).tolist()
+    tables = []
+    for length in lengths:
+        count = -(-length // BLOCK)
+        own_blocks, order = order[:count], order[count:]
+        tables.append(own_blocks + [blocks] * (width - count))
+    return torch.tensor(tables)
+
+
 @pytest.mark.parametrize("window", [None, 24])
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "value_dim"),
@@ -59,14 +72,7 @@ def test_it_equals_the_gathered_attention(window, heads, kv_heads, dim, value_di
     # Ragged rows (1 to 300 columns), one with 7 columns of left padding, and a padding row that reads the scratch
     # block's column 0 alone; each row's blocks scattered over the pool, the rest of its table the scratch block.
     lengths, first = [300, 41, 1, 130, 17, 0], [0, 0, 0, 7, 0, 0]
-    width = -(-max(lengths) // BLOCK)
-    order = torch.randperm(blocks, generator=generator).tolist()
-    tables = []
-    for length in lengths:
-        count = -(-length // BLOCK)
-        own_blocks, order = order[:count], order[count:]
-        tables.append(own_blocks + [blocks] * (width - count))
-    tables_tensor = torch.tensor(tables)
+    tables_tensor = _scattered_tables(lengths, blocks, generator)
     own = torch.tensor([max(length - 1, 0) for length in lengths])
     first_tensor = torch.tensor(first)
     query = torch.randn(len(lengths), heads, dim, generator=generator)
@@ -94,13 +100,7 @@ def test_every_thread_count_gives_the_same_bits_and_the_gathered_attention(
     blocks = width * len(lengths)
     key_pool = torch.randn(kv_heads, blocks + 1, BLOCK, dim, generator=generator)
     value_pool = torch.randn(kv_heads, blocks + 1, BLOCK, value_dim, generator=generator)
-    order = torch.randperm(blocks, generator=generator).tolist()
-    tables = []
-    for length in lengths:
-        count = -(-length // BLOCK)
-        own_blocks, order = order[:count], order[count:]
-        tables.append(own_blocks + [blocks] * (width - count))
-    tables_tensor, first = torch.tensor(tables), torch.zeros(len(lengths), dtype=torch.long)
+    tables_tensor, first = _scattered_tables(lengths, blocks, generator), torch.zeros(len(lengths), dtype=torch.long)
     own = torch.tensor([max(length - 1, 0) for length in lengths])
     query = torch.randn(len(lengths), heads, dim, generator=generator)
     scale = dim**-0.5

@@ -8,21 +8,8 @@ import json
 import urllib.request
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from batching.bench.steady import steps_by_path
 from tests.serve.helpers import our_server
-
-
-def _steps_by_path(url: str) -> dict[str, float]:
-    """`batchscope:engine_steps_total` by its `path` label."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
-        families = text_string_to_metric_families(answer.read().decode())
-    return {
-        sample.labels["path"]: sample.value
-        for family in families
-        for sample in family.samples
-        if sample.name == "batchscope:engine_steps_total"
-    }
 
 
 def _complete(url: str, prompt: str, max_tokens: int) -> dict:
@@ -54,7 +41,7 @@ def test_a_server_makes_its_graphs_before_it_listens_and_runs_no_step_it_serves_
     with our_server(tmp_path, env, args=("--log-level", "info"), start_s=900) as (url, _):
         for prompt in ("Hello there", "How are you", "Where is my parcel"):
             assert _complete(url, prompt, 8)["usage"]["completion_tokens"] == 8
-        steps = _steps_by_path(url)
+        steps = steps_by_path(url)
     lines = _log(tmp_path)
     made = [_index(lines, f"compiled  [{bar}] {n}/3: ") for n, bar in ((1, "#.."), (2, "##."), (3, "###"))]
     assert "the paged-decode operator" in lines[made[0]]
@@ -74,7 +61,7 @@ def test_no_compile_starts_at_once_eager_and_a_kv_budget_given_is_the_pool(
     args = ("--log-level", "info", "--no-compile", "--kv-cache-mb", "2")
     with our_server(tmp_path, env, args=args) as (url, _):
         _complete(url, "Hello there", 4)
-        steps = _steps_by_path(url)
+        steps = steps_by_path(url)
     lines = _log(tmp_path)
     assert not any("compiling [" in line for line in lines)
     assert _index(lines, "compiled steps are off") < _index(lines, "serving ")
