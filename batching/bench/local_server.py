@@ -18,8 +18,6 @@ from pathlib import Path
 
 import psutil
 
-from batching.engine.omp_wait import peer_environment
-
 
 class ServerStartError(Exception):
     """The server exited or gave no /health in time: one line, with the last line of its log."""
@@ -76,7 +74,7 @@ class LocalServer:
             self.process = subprocess.Popen(
                 [*self.command, "--port", str(self.port)],
                 cwd=self.cwd,
-                env={**peer_environment(os.environ), **self.env},
+                env={**os.environ, **self.env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

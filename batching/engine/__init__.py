@@ -4,10 +4,8 @@ Batchscope, and nothing of Streamlit, HTTP or the benchmark.
 """
 
 from batching.engine.huge_pages import huge_pages_state, request_huge_pages
-from batching.engine.omp_wait import request_passive_wait
 
 request_huge_pages()  # before the modules below import torch: its allocator reads the setting once
-request_passive_wait()  # and its OpenMP runtime reads this one once, when torch loads it
 
 from batching.engine.batcher import MODES, Batcher, eos_token_ids
 from batching.engine.builder import RequestBuilder
