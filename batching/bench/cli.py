@@ -305,7 +305,8 @@ def run_all(
     plan: Plan, loaded: LoadedModel, peers: dict[str, Peer], repeat: int, show: bool, ours: int | None = None
 ) -> dict[str, list[ModeRun]]:
     """`repeat` rounds of every mode in turn (static, continuous, hf, llamacpp, static, ...); ours on `ours` torch
-    threads, the peers on what the process has (None: ours too)."""
+    threads, the peers on what the process has (None: ours too). Each runs alone: the servers of the others are
+    paused meanwhile (idle, vLLM's took most of a core from ours: seed-blog at two threads 907 against 2,235 tok/s)."""
     warm_up(plan, loaded, peers, ours)
     # As the engine process does after its warm-up: the libraries' objects out of the collector's sight, so no
     # full collection (0.18 s here) lands inside a timed run. Undone after (tests call the benchmark in-process).
@@ -317,6 +318,8 @@ def run_all(
             for round_index in range(repeat):
                 for mode in plan.modes:
                     progress.set_description(f"{mode} {round_index + 1}/{repeat}")
+                    for name, peer in peers.items():  # every contender runs alone: the others' servers paused
+                        peer.hold(paused=name != mode)
                     cpu = time.process_time() + (peers[mode].outside_cpu_s() if mode in PEERS else 0.0)
                     if mode in PEERS:
                         record, kv_lens = peers[mode].run(
@@ -335,6 +338,8 @@ def run_all(
                     runs[mode].append(run)
     finally:
         gc.unfreeze()
+        for peer in peers.values():
+            peer.hold(paused=False)
     return runs
 
 
@@ -551,7 +556,7 @@ def _start_peers(
         python, setup = vllm
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
         server = stack.enter_context(vllm_server(python, setup, log_dir / "vllm-server.log"))
-        peers["vllm"] = VllmPeer(server.url, loaded.name, plan.options.max_batch_size, server.cpu_s)
+        peers["vllm"] = VllmPeer(server.url, loaded.name, plan.options.max_batch_size, server)
     return peers
 
 

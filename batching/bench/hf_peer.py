@@ -163,6 +163,9 @@ class HFPeer:
         """Nothing: its generation thread runs in this process, so the process time counts it already."""
         return 0.0
 
+    def hold(self, paused: bool) -> None:
+        """Nothing: its thread runs in this process and waits for requests without spinning."""
+
     def warm_up(self, prompt: Sequence[int], max_new_tokens: int = 4) -> None:
         """One short untimed request: the thread builds its cache and batch tensors on the first one."""
         self.run([prompt], [max_new_tokens], Schedule.at_once(1), ignore_eos=True, mode="warm-up")

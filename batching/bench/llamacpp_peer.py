@@ -157,6 +157,10 @@ class LlamaCppPeer:
         """CPU seconds the server's processes have used so far (NaN once it is gone): its work is not ours."""
         return self.server.cpu_s()
 
+    def hold(self, paused: bool) -> None:
+        """Pause or resume the server (`LocalServer.hold`)."""
+        self.server.hold(paused)
+
     def decode_calls(self) -> int:
         """How many `llama_decode` calls (engine steps) the server has made so far, from its /metrics."""
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:

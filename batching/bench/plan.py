@@ -47,6 +47,10 @@ class Peer(Protocol):
         """CPU seconds used so far by its processes other than this one (a server's), for the run's CPU time."""
         ...
 
+    def hold(self, paused: bool) -> None:
+        """Pause or resume its processes other than this one (a server's) while other contenders run."""
+        ...
+
     def run(
         self,
         prompts: Sequence[Sequence[int]],

@@ -21,6 +21,7 @@ from typing import Any
 import httpx2
 
 from batching.arrivals import Schedule
+from batching.bench.local_server import LocalServer
 from batching.bench.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.events import FinishedEvent
 from batching.engine.request import FinishReason
@@ -40,18 +41,23 @@ class VllmPeer:
         url: str,
         model: str,
         slots: int,
-        server_cpu_s: Callable[[], float] = lambda: math.nan,
+        server: LocalServer | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.url = url
         self.model = model
         self.slots = slots
-        self.server_cpu_s = server_cpu_s
+        self.server = server  # None: a server started elsewhere, neither timed nor paused
         self.clock = clock
 
     def outside_cpu_s(self) -> float:
         """CPU seconds the server's processes (API server, engine core, worker) have used so far."""
-        return self.server_cpu_s()
+        return math.nan if self.server is None else self.server.cpu_s()
+
+    def hold(self, paused: bool) -> None:
+        """Pause or resume the server we started (`LocalServer.hold`)."""
+        if self.server is not None:
+            self.server.hold(paused)
 
     def engine_steps(self) -> int:
         """How many engine steps the server has taken so far, from its /metrics."""
