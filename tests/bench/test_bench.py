@@ -402,3 +402,30 @@ def test_the_floor_reads_every_linear_weight_once(tiny_model_dirs: dict[str, Pat
     assert sum(out.shape[1] for out in outputs) == sum(m.out_features for m in linear)
     assert all(out.shape[0] == 8 for out in outputs)
     assert len(outputs) == len({m.in_features for m in linear})  # one raw matmul per input width
+
+
+def test_the_hf_peer_held_between_runs_stops_its_thread_and_answers_the_same_after(
+    tiny_model_dirs: dict[str, Path],
+) -> None:
+    """Its generation thread, alive in our process, slowed our two-thread steps 3.7x: it is stopped while other
+    contenders run and started again for its own runs, with the same answers."""
+    from batching.arrivals import Schedule
+    from batching.bench.hf_peer import HFPeer
+
+    model = loaded(str(tiny_model_dirs["llama"]))
+    prompts = [model.tokenizer(text)["input_ids"] for text in ("Where is my order?", "Hello there")]
+    caps = [5, 7]
+    peer = HFPeer(model.model, model.tokenizer, batch_size=2, max_batched_tokens=64, max_len=32)
+
+    def answers() -> list[list[int]]:
+        record, _ = peer.run(prompts, caps, Schedule.at_once(2), ignore_eos=True)
+        return [event.output_ids for event in sorted(record.finished, key=lambda event: event.request_id)]
+
+    with peer:
+        before = answers()
+        peer.hold(paused=True)
+        assert not peer.manager.is_running()
+        peer.hold(paused=False)
+        assert peer.manager.is_running()
+        assert answers() == before
+    assert [len(ids) for ids in before] == caps
