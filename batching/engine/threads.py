@@ -1,15 +1,12 @@
-"""How many torch threads a model's steps run on, chosen by timing the model's own work at each count.
+"""How many torch threads a model's steps run on, chosen by timing its own decode steps at each count.
 
 A small model's ops last microseconds: on more threads each one forks and joins the others, and a thread the OS has
 not scheduled (shared cores) stalls the whole op, so a second thread can make a step several times slower; a large
-model's matmuls split well. Which side of that line a model falls on depends on the model, the CPU, how its steps
-run and what else runs, so it is measured, on the work its steps will do: eager steps are timed as they are (a few
-real 8-row decode steps: hundreds of small ops), compiled steps by their linear layers at 8 rows, one call each (a
-compiled step is a few dozen fused kernels, most of its time the GEMMs; compiling a graph per count to time it
-would take minutes). The counts are 1, 2, 4, ... up to the most allowed, taken in turn, round after round (a slow
-spell of the machine lands on every count), the median of each kept. `choose` then keeps the fewest threads within
-`MARGIN` of the fastest: never a count measured slower than one thread. Inductor bakes the thread count into the
-C++ it generates, so the choice comes before any graph is made.
+model's matmuls split well. Which side of that line a model falls on depends on the model, the CPU and what else
+runs, so it is measured: a few real decode steps (8 rows, eager) at 1, 2, 4, ... up to the most allowed, the counts
+taken in turn, round after round (a slow spell of the machine lands on every count), the median of each kept.
+`choose` then keeps the fewest threads within `MARGIN` of the fastest: never a count measured slower than one thread.
+Inductor bakes the thread count into the C++ it generates, so the choice comes before any graph is made.
 """
 
 from __future__ import annotations
@@ -103,28 +100,13 @@ def decode_work(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, call
     return work
 
 
-def linear_work(model: PreTrainedModel) -> Callable[[], None]:
-    """`STEPS` passes of every linear layer of `model` (its LM head included) over `ROWS` rows, per call: what a
-    compiled decode step spends most of its time on, one parallel region a layer as in the compiled kernels."""
-    layers = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
-    inputs = [torch.randn(ROWS, layer.in_features, dtype=layer.weight.dtype) for layer in layers]
-
-    def work() -> None:
-        for _ in range(STEPS):
-            for layer, rows in zip(layers, inputs, strict=True):
-                layer(rows)
-
-    return work
-
-
 @dataclass(frozen=True)
 class ThreadChoice:
-    """The thread count chosen, the most allowed, what was timed, and what each count measured (seconds a step)."""
+    """The thread count chosen, the most allowed, and what each count measured (seconds a decode step)."""
 
     threads: int
     most: int
     step_s: Mapping[int, float]
-    timed: str = "decode step"  # what each count ran: a decode step, or a compiled step's linear layers
 
     def line(self) -> str:
         """One line for a log: the choice and every count's time."""
@@ -132,25 +114,20 @@ class ThreadChoice:
             return f"torch runs on {self.threads} thread(s) (not timed)"
         timings = ", ".join(f"{count}: {took * 1e3:.2f} ms" for count, took in self.step_s.items())
         return (
-            f"torch runs on {self.threads} of {self.most} thread(s), the fastest {self.timed} of {ROWS} rows measured"
+            f"torch runs on {self.threads} of {self.most} thread(s), the fastest decode step of {ROWS} rows measured"
             f" (median of {ROUNDS}, by thread count: {timings})"
         )
 
 
-def pick_threads(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, most: int, compiled: bool = False
-) -> ThreadChoice:
-    """Time `model`'s steps (`compiled`: a compiled step's linear layers; else eager decode steps) at up to `most`
-    threads and choose the fewest that is fastest (`choose`); torch's own count is left as it was. A model on a
-    GPU, or `most` 1, takes `most` untimed."""
+def pick_threads(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, most: int) -> ThreadChoice:
+    """Time `model`'s decode steps at up to `most` threads and choose the fewest that is fastest (`choose`); torch's
+    own count is left as it was. A model on a GPU, or `most` 1, takes `most` untimed."""
     most = max(most, 1)
     if model.device.type != "cpu" or most == 1:
         return ThreadChoice(most, most, {})
     counts = counts_up_to(most)
     with torch.inference_mode():
-        work = linear_work(model) if compiled else decode_work(model, tokenizer, 2 * ROUNDS * len(counts))
-        seconds = time_counts(work, counts)
-    timed = "compiled step's linear layers" if compiled else "decode step"
-    choice = ThreadChoice(choose(seconds), most, {count: took / STEPS for count, took in seconds.items()}, timed)
+        seconds = time_counts(decode_work(model, tokenizer, 2 * ROUNDS * len(counts)), counts)
+    choice = ThreadChoice(choose(seconds), most, {count: took / STEPS for count, took in seconds.items()})
     logger.info("%s", choice.line())
     return choice

@@ -93,10 +93,9 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
     try:
         loaded = load_model(config.model, config.tokenizer)
         check_supported(loaded.model)  # refused before any request rather than answered wrongly
-        # As many torch threads as make this model's steps fastest, up to torch's count (the cores, or
+        # As many torch threads as make this model's decode steps fastest, up to torch's count (the cores, or
         # OMP_NUM_THREADS): timed now, before any graph is made (inductor bakes the count into its kernels).
-        compiled = config.engine.compile_steps
-        choice = pick_threads(loaded.model, loaded.tokenizer, torch.get_num_threads(), compiled)
+        choice = pick_threads(loaded.model, loaded.tokenizer, torch.get_num_threads())
         torch.set_num_threads(choice.threads)
         if config.prepare is not None:  # the API server, which logs each line of its start
             outputs.send(Progress(choice.line()))

@@ -255,10 +255,10 @@ def test_threads_is_the_most_a_contender_may_use_ours_runs_on_what_its_probe_cho
 ) -> None:
     """`--threads 2`: the peers get 2; ours the count its probe chose (fed here: one, two measured slower)."""
     seen: dict[str, list[int]] = {"ours": [], "hf": []}
-    asked: list[tuple[int, bool]] = []
+    asked: list[int] = []
 
-    def probe(model, tokenizer, most: int, compiled: bool) -> ThreadChoice:
-        asked.append((most, compiled))
+    def probe(model, tokenizer, most: int) -> ThreadChoice:
+        asked.append(most)
         return ThreadChoice(1, most, {1: 0.010, 2: 0.047})
 
     def run_batcher(*args, **kwargs):
@@ -277,7 +277,7 @@ def test_threads_is_the_most_a_contender_may_use_ours_runs_on_what_its_probe_cho
     argv = ["--workload", str(_json_workload(tmp_path, batch_size=2)), "--modes", "continuous,hf", "--model"]
     argv += [str(tiny_model_dirs["llama"]), "--ignore-eos", "--json", str(out), "--device", "cpu", "--no-progress"]
     assert main([*argv, "--threads", "2"]) == 0
-    assert asked == [(2, False)]  # no compiled mode: eager steps are timed
+    assert asked == [2]
     assert seen["ours"] and set(seen["ours"]) == {1}
     assert seen["hf"] == [2]
     assert json.loads(out.read_text())["threads"]["ours"] == 1

@@ -1,5 +1,5 @@
 """How the engine picks its torch thread count: the rule over measured times (fed here, never this machine's), the
-timing loop on a fake clock, what the compiled probe times, and the OpenMP wait policy left to the environment."""
+timing loop on a fake clock, and the OpenMP wait policy left to the environment."""
 
 from __future__ import annotations
 
@@ -74,23 +74,6 @@ def test_the_probe_times_real_decode_steps_and_leaves_torch_as_it_was(tiny_model
     assert set(choice.step_s) == {1, 2} and all(took > 0 for took in choice.step_s.values())
     assert choice.threads == threads.choose(choice.step_s)
     assert f"{choice.threads} of 2 thread(s)" in choice.line()
-
-
-def test_a_compiled_engine_times_its_linear_layers_each_once_a_pass(tiny_model_dirs) -> None:
-    model = loaded(str(tiny_model_dirs["llama"]))
-    layers = [module for module in model.model.modules() if isinstance(module, torch.nn.Linear)]
-    calls: list[tuple[int, ...]] = []
-    hooks = [layer.register_forward_hook(lambda mod, args, out: calls.append(tuple(args[0].shape))) for layer in layers]
-    try:
-        threads.linear_work(model.model)()
-    finally:
-        for hook in hooks:
-            hook.remove()
-    assert len(calls) == threads.STEPS * len(layers)
-    assert {shape[0] for shape in calls} == {threads.ROWS}
-    choice = threads.pick_threads(model.model, model.tokenizer, 2, compiled=True)
-    assert set(choice.step_s) == {1, 2} and choice.threads == threads.choose(choice.step_s)
-    assert "linear layers" in choice.line()
 
 
 def test_the_engine_package_leaves_the_openmp_wait_policy_to_the_environment() -> None:
