@@ -497,9 +497,11 @@ def _benchmark(
     plan = make_plan(args, settings, loaded, inputs)
     vllm_setup = (vllm, vllm_settings(loaded, plan)) if vllm is not None else None
     # `--threads` is the most any contender may use: the peers get them all, ours the fewest of them that make its
-    # decode steps fastest, timed here (as the engine process times them at its start), before any graph is made.
+    # steps fastest, timed here (as the engine process times them at its start), before any graph is made; with the
+    # compiled mode among ours, as for compiled steps (one count for the whole process).
     ours = any(mode not in PEERS for mode in plan.modes)
-    threads = pick_threads(loaded.model, loaded.tokenizer, torch.get_num_threads()) if ours else None
+    most, compiled = torch.get_num_threads(), "compiled" in plan.modes
+    threads = pick_threads(loaded.model, loaded.tokenizer, most, compiled) if ours else None
     ours_threads = None if threads is None else threads.threads
     with our_threads(ours_threads):
         compile_s = compile_steps(plan, loaded)

@@ -255,10 +255,10 @@ def test_threads_is_the_most_a_contender_may_use_ours_runs_on_what_its_probe_cho
 ) -> None:
     """`--threads 2`: the peers get 2; ours the count its probe chose (fed here: one, two measured slower)."""
     seen: dict[str, list[int]] = {"ours": [], "hf": []}
-    asked: list[int] = []
+    asked: list[tuple[int, bool]] = []
 
-    def probe(model, tokenizer, most: int) -> ThreadChoice:
-        asked.append(most)
+    def probe(model, tokenizer, most: int, compiled: bool) -> ThreadChoice:
+        asked.append((most, compiled))
         return ThreadChoice(1, most, {1: 0.010, 2: 0.047})
 
     def run_batcher(*args, **kwargs):
@@ -277,7 +277,7 @@ def test_threads_is_the_most_a_contender_may_use_ours_runs_on_what_its_probe_cho
     argv = ["--workload", str(_json_workload(tmp_path, batch_size=2)), "--modes", "continuous,hf", "--model"]
     argv += [str(tiny_model_dirs["llama"]), "--ignore-eos", "--json", str(out), "--device", "cpu", "--no-progress"]
     assert main([*argv, "--threads", "2"]) == 0
-    assert asked == [2]
+    assert asked == [(2, False)]  # no compiled mode among ours
     assert seen["ours"] and set(seen["ours"]) == {1}
     assert seen["hf"] == [2]
     assert json.loads(out.read_text())["threads"]["ours"] == 1
@@ -411,8 +411,11 @@ def test_the_hf_peer_held_between_runs_stops_its_thread_and_answers_the_same_aft
     contenders run and started again for its own runs, with the same answers."""
     from batching.arrivals import Schedule
     from batching.bench.hf_peer import HFPeer
+    from config.settings import ModelSettings
+    from model.loader import load_model
 
-    model = loaded(str(tiny_model_dirs["llama"]))
+    # Its own model, as the benchmark gives it (`cli.start_peer`): the engine's tests switch a shared one's attention.
+    model = load_model(ModelSettings(name_or_path=str(tiny_model_dirs["llama"]), device="cpu", dtype="float32"))
     prompts = [model.tokenizer(text)["input_ids"] for text in ("Where is my order?", "Hello there")]
     caps = [5, 7]
     peer = HFPeer(model.model, model.tokenizer, batch_size=2, max_batched_tokens=64, max_len=32)

@@ -34,6 +34,13 @@ def test_more_threads_are_chosen_only_when_faster_by_more_than_the_margin() -> N
     assert threads.choose({1: 0.100, 2: 0.090}) == 2
 
 
+def test_compiled_steps_take_the_most_threads_among_the_fastest_never_one_measured_clearly_slower() -> None:
+    assert threads.choose({1: 0.00775, 2: 0.00774}, compiled=True) == 2  # the embedded model's eager tie, quiet
+    assert threads.choose({1: 0.100, 2: 0.104}, compiled=True) == 2  # within the margin
+    assert threads.choose({1: 0.010, 2: 0.047}, compiled=True) == 1  # shared cores: clearly slower at two
+    assert threads.choose({1: 0.140, 2: 0.080, 4: 0.050, 8: 0.070}, compiled=True) == 4
+
+
 def test_the_choice_is_never_slower_than_one_thread_measured() -> None:
     for seconds in ({1: 1.0, 2: 0.96, 4: 0.5}, {1: 0.3, 2: 0.31, 4: 0.2}, {1: 0.2, 2: 0.5, 4: 0.9}):
         assert seconds[threads.choose(seconds)] <= seconds[1]
