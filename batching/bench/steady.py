@@ -34,6 +34,7 @@ from utils.sweep import RequestTiming
 
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 3600.0  # a cold start makes every graph before it listens
+STARTUP_LOGGERS = ("batching.engine.threads", "batching.service.lifecycle", "batching.serve.server")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,6 +122,7 @@ def run(args: argparse.Namespace) -> dict:
             schedule = Schedule.poisson(count, args.rate, seed=args.seed)
             timings, duration = run_remote_rate(server.url, bodies(args.workload, args.seed, count, model), schedule)
             after = steps_by_path(server.url)
+        startup_log = startup_lines(server.log)
     steps = {path: after.get(path, 0.0) - before.get(path, 0.0) for path in after}
     return {
         "startup_s": startup_s,
@@ -130,7 +132,21 @@ def run(args: argparse.Namespace) -> dict:
         "duration_s": duration,
         "steps_by_path": steps,
         "windows": windows(timings, args.window),
+        "startup_log": startup_log,
     }
+
+
+def startup_lines(log: Path) -> list[str]:
+    """What the server said as it started, up to the port opening: its threads, each graph made, its KV pool."""
+    said = []
+    for line in log.read_text(errors="replace").splitlines():
+        if "Uvicorn running" in line:
+            break
+        if any(f"{name}:" in line for name in STARTUP_LOGGERS):
+            text = line.split(": ", 1)[-1]
+            if text not in said:  # the engine's thread choice is logged by it and again by the start's log
+                said.append(text)
+    return said
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerStartError as exc:
         print(f"steady: {exc}", file=sys.stderr)
         return 1
+    print("\n".join(f"server: {line}" for line in result["startup_log"]))
     print(f"server answered {result['startup_s']:.0f} s after it was launched")
     print(f"{result['served']} of {result['requests']} requests served at {args.rate:g} req/s")
     print("steps by path: " + ", ".join(f"{path} {int(n)}" for path, n in sorted(result["steps_by_path"].items())))

@@ -51,6 +51,9 @@ def test_a_fresh_eager_server_serves_every_request_and_counts_its_steps(
     assert steps["eager"] > 0 and steps.get("compiled", 0) == steps.get("direct", 0) == 0
     printed = capsys.readouterr().out
     assert "4 of 4 requests served at 4 req/s" in printed and "| arrivals from (s) |" in printed
+    said = result["startup_log"]  # the server's start, up to its port opening: ready, its KV pool, its steps
+    assert any(line.startswith("KV cache:") for line in said) and "every step runs eager" in said[-2]
+    assert said[-1].startswith("serving builtin on http://") and f"server: {said[0]}" in printed
 
 
 def test_a_bad_rate_is_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
