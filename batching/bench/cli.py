@@ -496,9 +496,9 @@ def _benchmark(
             raise BenchError(f"llamacpp: {exc}") from None
     plan = make_plan(args, settings, loaded, inputs)
     vllm_setup = (vllm, vllm_settings(loaded, plan)) if vllm is not None else None
-    # `--threads` is the most any contender may use: the peers get them all, ours the fewest of them that make its
-    # steps fastest, timed here (as the engine process times them at its start), before any graph is made; with the
-    # compiled mode among ours, as for compiled steps (one count for the whole process).
+    # `--threads` is the most any contender may use: the peers get them all, ours what the probe chooses of them,
+    # timed here (as the engine process times them at its start), before any graph is made; with the compiled mode
+    # among ours, chosen as for compiled steps (one count for the whole process).
     ours = any(mode not in PEERS for mode in plan.modes)
     most, compiled = torch.get_num_threads(), "compiled" in plan.modes
     threads = pick_threads(loaded.model, loaded.tokenizer, most, compiled) if ours else None

@@ -5,7 +5,8 @@ not scheduled (shared cores) stalls the whole op, so a second thread can make a 
 model's matmuls split well. Which side of that line a model falls on depends on the model, the CPU and what else
 runs, so it is measured: a few real decode steps (8 rows, eager) at 1, 2, 4, ... up to the most allowed, the counts
 taken in turn, round after round (a slow spell of the machine lands on every count), the median of each kept.
-`choose` then keeps the fewest threads within `MARGIN` of the fastest: never a count measured slower than one thread.
+`choose` then keeps the fewest threads within `MARGIN` of the fastest (for compiled steps the most of them): never
+a count measured clearly slower than one thread.
 Inductor bakes the thread count into the C++ it generates, so the choice comes before any graph is made.
 """
 

@@ -93,8 +93,8 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
     try:
         loaded = load_model(config.model, config.tokenizer)
         check_supported(loaded.model)  # refused before any request rather than answered wrongly
-        # As many torch threads as make this model's decode steps fastest, up to torch's count (the cores, or
-        # OMP_NUM_THREADS): timed now, before any graph is made (inductor bakes the count into its kernels).
+        # As many torch threads as make this model's steps fastest (`pick_threads`), up to torch's count (the cores,
+        # or OMP_NUM_THREADS): timed now, before any graph is made (inductor bakes the count into its kernels).
         choice = pick_threads(loaded.model, loaded.tokenizer, torch.get_num_threads(), config.engine.compile_steps)
         torch.set_num_threads(choice.threads)
         if config.prepare is not None:  # the API server, which logs each line of its start
