@@ -107,7 +107,7 @@ class ModelRunner:
         make = partial(_scratch_runner, weakref.ref(self.model), capacity, max_len, pad_token_id, block_size)
         self.compiler = step_compiler(self.model, capacity, block_size, autotune, partial(warm_decode, make))
         if prompt_steps:
-            warm = partial(warm_mixed, make, capacity)
+            warm = partial(warm_mixed, make, capacity, max_len)
             self.mixed_compiler = step_compiler(self.model, capacity, block_size, autotune, warm, kind="mixed")
 
     @property

@@ -57,11 +57,24 @@ def warm_decode(make: ScratchMaker, forward: Callable[..., object], bucket: Buck
         scratch.decode_with([pad] * count, [0] * count, slots[:count], forward, (count, columns))
 
 
+# The prompt graph's linear layers are autotuned at the step it is traced with: inductor times each kernel for that
+# token count and keeps the winner for every count. Traced at 15 tokens, the choice between its C++ GEMM template
+# and oneDNN's packed matmul was a coin toss that long prompts paid for: at the 0.5B shape (2 threads, AMD EPYC,
+# 2026-11-27) one compile ran a 512-token prompt step in 2.02 s and another in 2.78 s (eager: 2.5 s). Traced with a
+# first chunk of 245 tokens: 1.90 s at 512 tokens, 0.91 s at 256, 0.47 s at 128, 0.07 s at 8 (eager 2.53, 1.29,
+# 0.74, 0.24 s). About half the default step budget (512 tokens), and at most half the context.
+MIXED_TRACE_CHUNK = 245
+
+
 @torch.inference_mode()
-def warm_mixed(make: ScratchMaker, capacity: int, forward: Callable[..., object], bucket: Bucket) -> None:
+def warm_mixed(make: ScratchMaker, capacity: int, max_len: int, forward: Callable[..., object], bucket: Bucket) -> None:
     """Run one step with prompt chunks through the compiled forward on a scratch runner: single-token rows beside
-    a later chunk and a first one, every count distinct, so no two sizes are traced equal."""
+    a later chunk and a long first one (`MIXED_TRACE_CHUNK`, the size its kernels are chosen for), every count
+    distinct, so no two sizes are traced equal."""
     _, columns = bucket
+    first = min(MIXED_TRACE_CHUNK, max_len // 2 - 8)
+    first = first if first > 7 else 5  # a tiny context: as small as the other counts allow
+    columns = max(columns, -(-(first + 1) // columns) * columns)  # whole column steps that hold the first chunk
     scratch = make(capacity, columns)
     if scratch.reads_through_tables:
         paged_decode.load()  # before the graph is traced, as for the decode graph
@@ -69,7 +82,7 @@ def warm_mixed(make: ScratchMaker, capacity: int, forward: Callable[..., object]
     scratch.cache.lengths[:capacity] = [columns // 2] * capacity
     row_tokens: list[list[int]] = [[pad]] * max(min(capacity - 2, 3), 0) + [[pad] * 7]
     if capacity > 1:
-        row_tokens.append([pad] * 5)
+        row_tokens.append([pad] * first)
         scratch.cache.lengths[len(row_tokens) - 1] = 0  # a first chunk
     row_tokens += [[] for _ in range(capacity - len(row_tokens))]
     scratch.mixed_with(forward, scratch.builder.pack(row_tokens), trace=True)
