@@ -211,7 +211,9 @@ def _run_model(model: PreTrainedModel, **inputs: Any) -> tuple[torch.Tensor, tor
     return logits, greedy_choices(logits)
 
 
-Warm = Callable[[Callable[..., object], Bucket], None]  # runs one step of a bucket through a compiled forward
+# Runs one step of a bucket through a compiled forward, which makes its graph; given the compiler (the first time a
+# graph is made), then makes and checks the graph's direct call, so serving starts on it (`warmup.make_direct_call`).
+Warm = Callable[[Callable[..., object], Bucket, "StepCompiler | None"], None]
 # How often one graph is made again after steps its guards refused (each a background compile, tens of seconds);
 # after that such steps stay eager, and the graph keeps running the steps it admits.
 MAX_REMAKES = 3
@@ -262,8 +264,8 @@ def compile_state(model: PreTrainedModel, enabled: bool) -> CompileState:
 class StepCompiler:
     """Whether the decode graph is ready; makes it in a background thread the first time a step asks for it.
 
-    `warm(forward, bucket)` runs one step of that shape through the compiled forward on scratch state (the runner
-    provides it), which is what makes the graph.
+    `warm(forward, bucket, compiler)` runs one step of that shape through the compiled forward on scratch state (the
+    runner provides it), which is what makes the graph, and the first time, makes and checks its direct call.
     """
 
     def __init__(
@@ -394,7 +396,7 @@ class StepCompiler:
         hits = cache_hits()
         try:
             try:
-                self._trace(bucket)
+                self._trace(bucket, first=not remaking)
             except Exception as exc:
                 if cache_hits() == hits:
                     raise
@@ -411,9 +413,9 @@ class StepCompiler:
                 if code is not None:
                     torch._dynamo.reset_code(code)
                 clear_cache()
-                self._trace(bucket)
+                self._trace(bucket, first=not remaking)
                 if remaking and bucket is not None:
-                    self._trace(None)
+                    self._trace(None, first=False)
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
             if remaking:  # the graph made before keeps running what it admits; no more tries
                 self.remakes = MAX_REMAKES + 1
@@ -431,14 +433,14 @@ class StepCompiler:
         self._ready.set()
         logger.info("%ss of %d rows %s in %.1f s", self.what, self.capacity, source, self.compile_s)
 
-    def _trace(self, bucket: Bucket | None) -> None:
+    def _trace(self, bucket: Bucket | None, first: bool) -> None:
         """One step of `bucket` through the compiled forward (which makes its graph, or reads it from the disk cache
-        and checks it against eager)."""
+        and checks it against eager); `first`: the graph's first making, which also makes its direct call."""
         forward = check_against_eager(self.forward, _run_model)
         # Freezing folds the weights into the graph only if dynamo records them as the model's parameters.
         # No duck shaping: rows and blocks equal when the graph is traced (4 and 4) must not become one symbol.
         with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
-            self._warm(forward, bucket or (self.capacity, 2 * self.column_step))
+            self._warm(forward, bucket or (self.capacity, 2 * self.column_step), self if first else None)
 
     @property
     def what(self) -> str:

@@ -41,23 +41,6 @@ from utils.metrics import steps_kind
 CAPS = [40, 3, 25, 60, 9, 33]
 
 
-@contextmanager
-def counting_compiled_steps(compiler: StepCompiler) -> Iterator[list[int]]:
-    """Count the steps that go through the compiled graph (a wrapper around the real compiled forward)."""
-    calls = [0]
-    forward = compiler.forward
-
-    def counted(*args: object, **kwargs: object) -> object:
-        calls[0] += 1
-        return forward(*args, **kwargs)
-
-    compiler.forward = counted
-    try:
-        yield calls
-    finally:
-        compiler.forward = forward
-
-
 def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_breaks() -> None:
     # The embedded model with the default, autotuned kernels; every family's graph, untimed, is checked by the
     # families matrix (tests/engine/test_families.py).
@@ -71,12 +54,12 @@ def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_bre
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     compiler.compile_now()
     assert compiler.ready and not compiler.failed
-    with counting_compiled_steps(compiler) as calls:
-        outputs = run_with_late_arrivals(batcher, prompts, CAPS, late_from=4, join_at_step=3, ignore_eos=True)
+    compiled_before = batcher.runner.compiled_steps
+    outputs = run_with_late_arrivals(batcher, prompts, CAPS, late_from=4, join_at_step=3, ignore_eos=True)
     for i, want in enumerate(expected):
         assert outputs[i] == want, f"request {i} (prompt {len(prompts[i])}, cap {CAPS[i]}) differs"
     # Histories from under 32 to over 90 columns, rows from 4 down to 1: still the one graph made up front.
-    assert calls[0] > 40
+    assert batcher.runner.compiled_steps - compiled_before > 40
     assert counters["stats"]["unique_graphs"] - graphs <= 1
     assert sum(counters["graph_break"].values()) == breaks
 
@@ -166,10 +149,10 @@ def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it(
             batcher.add([5, 6, 7], RequestParams(400, ignore_eos=True))
         record.extend(batcher.step())
     decode = [step for step in record.steps[switch:] if not step.prefill_tokens]
-    # The next decode steps took the graph: through torch.compile's entry while its direct call is made and checked,
-    # then by the direct call.
-    assert [step.path for step in decode] == ["compiled"] * (1 + DIRECT_CHECKS) + ["direct"] * (4 - DIRECT_CHECKS)
-    direct = f"{4 - DIRECT_CHECKS} of {len(record.steps)} steps called their graph directly"
+    # The next decode steps took the graph by its direct call, made and checked while the graph was made.
+    assert compiler.direct.checked == DIRECT_CHECKS
+    assert [step.path for step in decode] == ["direct"] * 5
+    direct = f"5 of {len(record.steps)} steps called their graph directly"
     assert steps_kind(record) == f"eager, then compiled decode steps from step {decode[0].index + 1} ({direct})"
 
 
@@ -356,12 +339,12 @@ def test_a_ready_graph_keeps_running_while_another_is_made_and_no_step_ever_comp
     events = batcher.step()  # the first prompt step starts the prompt-step graph's compile, and runs eager
     assert prompt_graph.started and [step.path for step in steps_of(events)] == ["eager"]
     # The issue's case: the decode graph is ready while the prompt-step graph is made (held, and holding dynamo's
-    # lock, as while the engine is busy). The decode steps go on through the ready graph, by torch.compile's entry
-    # while its direct call is made and checked, then by the direct call: neither compiles nor needs the lock.
+    # lock, as while the engine is busy). The decode steps go on through the ready graph by its direct call (made
+    # and checked with the graph), which neither compiles nor needs the lock.
     with held_inside_dynamo(prompt_graph):
         steps = steps_in_a_thread(batcher, 8)
         assert not prompt_graph.ready
-    assert [step.path for step in steps] == ["compiled"] * 4 + ["direct"] * 4
+    assert [step.path for step in steps] == ["direct"] * 8
     assert prompt_graph._thread is not None
     prompt_graph._thread.join(600)  # released: made (before TF32 is switched below, which a trace must not see)
     assert prompt_graph.ready
@@ -381,7 +364,7 @@ def test_a_ready_graph_keeps_running_while_another_is_made_and_no_step_ever_comp
     assert not decode.failed
     second = batcher.add([9, 10, 11], RequestParams(5, ignore_eos=True))
     joined = batcher.step()  # its prompt step, beside the first request's decode row, through the prompt graph
-    assert [step.path for step in steps_of(joined)] == ["compiled"]
+    assert [step.path for step in steps_of(joined)] == ["direct"]  # its direct call made with it
     events += [*joined, *batcher.run()]
     finished = finished_by_id(events)
     assert list(finished[request.request_id].output_ids) == reference(model.model, prompt, cap, ignore_eos=True)

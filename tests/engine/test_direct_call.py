@@ -1,5 +1,5 @@
 """Compiled steps through their graph called directly (`direct_call`): the recipe of a graph's flat inputs, a
-batcher's steps switching to the direct call once it agreed with the normal one, token for token equal to
+direct call made and checked with the graph so a batcher's steps take it from the first, token for token equal to
 `generate`, and a wrong recipe caught by that check, leaving the normal call for good."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+import batching.engine.direct_call as direct_call
 from batching.engine.batcher import Batcher
 from batching.engine.direct_call import DirectCall, recipe_for
 from batching.engine.options import BatcherOptions
-from batching.engine.params import RequestParams
 from batching.engine.runner import DIRECT_CHECKS
 from tests.engine.helpers import loaded, random_prompts, reference, run_with_late_arrivals
 
@@ -60,7 +60,7 @@ def _counting(call: DirectCall) -> list[int]:
     return calls
 
 
-def test_steps_switch_to_the_direct_call_once_it_agreed_and_stay_equal_to_generate(compiled_llama: Any) -> None:
+def test_steps_take_the_direct_call_made_with_the_graph_and_stay_equal_to_generate(compiled_llama: Any) -> None:
     model = compiled_llama
     prompts = random_prompts(len(CAPS), vocab=300, seed=11, longest=20)
     expected = [reference(model.model, p, c, ignore_eos=True) for p, c in zip(prompts, CAPS, strict=True)]
@@ -68,10 +68,13 @@ def test_steps_switch_to_the_direct_call_once_it_agreed_and_stay_equal_to_genera
     compiler = batcher.runner.compiler
     assert compiler is not None and compiler.compile_now() is not None
     path = compiler.direct
-    # A first run makes the direct call and checks it against the normal one.
-    first = run_with_late_arrivals(batcher, prompts, CAPS, late_from=3, join_at_step=3, ignore_eos=True)
+    # Making the graph made its direct call and checked it against the normal one (`warmup.make_direct_call`), so
+    # the first real step already calls it.
     assert path.call is not None and path.checked == DIRECT_CHECKS and not path.failed
+    calls = _counting(path.call)
+    first = run_with_late_arrivals(batcher, prompts, CAPS, late_from=3, join_at_step=3, ignore_eos=True)
     assert [first[i] for i in range(len(CAPS))] == expected
+    assert calls[0] >= 30 and calls[0] == batcher.runner.compiled_steps
     # A second batcher of the same shape shares the graph and its direct call: no more checks, every compiled
     # decode step called directly, rows from 4 down to 1 and histories across several column steps.
     again = Batcher(model.model, model.tokenizer, OPTIONS)
@@ -83,27 +86,32 @@ def test_steps_switch_to_the_direct_call_once_it_agreed_and_stay_equal_to_genera
 
 
 def test_a_wrong_recipe_is_caught_by_the_check_and_the_steps_stay_exact(
-    compiled_llama: Any, caplog: pytest.LogCaptureFixture
+    compiled_llama: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = compiled_llama
     prompts = random_prompts(3, vocab=300, seed=12, longest=12)
     caps = CAPS[:3]
     expected = [reference(model.model, p, c, ignore_eos=True) for p, c in zip(prompts, caps, strict=True)]
+
+    def wrong_recipe(inputs: Sequence[Any], roles: Sequence[torch.Tensor]) -> list[tuple[int, int]] | None:
+        """The real recipe with the tables' block count (the one input with two symbolic sizes) read from their
+        rows: wrong whenever a step's rows and blocks differ, as the warm-up's do (6 rows, 4 blocks)."""
+        recipe = recipe_for(inputs, roles)
+        if recipe is None:
+            return None
+        (tables,) = {role for role, dim in recipe if dim == 1 and (role, 0) in recipe}
+        return [(tables, 0) if source == (tables, 1) else source for source in recipe]
+
+    monkeypatch.setattr(direct_call, "recipe_for", wrong_recipe)
     options = replace(OPTIONS, max_batch_size=6)  # a compiler no other test makes: its direct call is made here
     batcher = Batcher(model.model, model.tokenizer, options)
     compiler = batcher.runner.compiler
-    assert compiler is not None and compiler.compile_now() is not None
-    path = compiler.direct
-    batcher.add(prompts[0], RequestParams(caps[0], ignore_eos=True))
-    while path.call is None:  # the watched call makes it
-        batcher.step()
-    # The same recipe with the tables' block count (the one input with two symbolic sizes) read from their rows:
-    # wrong as soon as the step's rows and blocks differ.
-    recipe = path.call.recipe
-    (tables,) = {role for role, dim in recipe if dim == 1 and (role, 0) in recipe}
-    path.call.recipe = [(tables, 0) if source == (tables, 1) else source for source in recipe]
+    assert compiler is not None
     with caplog.at_level(logging.WARNING, logger="batching.engine.step_call"):
-        outputs = run_with_late_arrivals(batcher, prompts[1:], caps[1:], late_from=2, join_at_step=0, ignore_eos=True)
+        assert compiler.compile_now() is not None
+    path = compiler.direct
     assert path.failed
     assert any("disagreed with its normal call" in record.getMessage() for record in caplog.records)
-    assert [outputs[i] for i in range(2)] == expected[1:]
+    outputs = run_with_late_arrivals(batcher, prompts, caps, late_from=2, join_at_step=0, ignore_eos=True)
+    assert [outputs[i] for i in range(3)] == expected
+    assert batcher.runner.compiled_steps > 0  # through the normal call

@@ -126,7 +126,7 @@ def test_a_cached_graph_that_disagrees_with_eager_is_dropped_and_compiled_afresh
         calls.append("compiled")
         return logits, greedy
 
-    def warm(step: Any, bucket: tuple[int, int]) -> None:
+    def warm(step: Any, bucket: tuple[int, int], compiler: StepCompiler | None) -> None:
         with torch.inference_mode():
             step(model, input_ids=torch.tensor([[1, 2, 3]]))
 
