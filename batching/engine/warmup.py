@@ -102,7 +102,7 @@ def warm_mixed(
     _, columns = bucket
     first = min(MIXED_TRACE_CHUNK, max_len // 2 - 8)
     first = first if first > 7 else 5  # a tiny context: as small as the other counts allow
-    columns = max(columns, -(-(first + 1) // columns) * columns)  # whole column steps that hold the first chunk
+    columns = -(-(first + 1) // columns) * columns  # the bucket's columns, as many times as the first chunk needs
     scratch = make(capacity, columns)
     if scratch.reads_through_tables:
         paged_decode.load()  # before the graph is traced, as for the decode graph
