@@ -37,6 +37,7 @@ import torch.fx.experimental._config as fx_config
 from transformers import PreTrainedModel
 
 from batching.engine.direct_call import DirectPath
+from batching.engine.frozen_graphs import FrozenGraphBackend
 from batching.engine.graph_cache import (
     GraphCacheKey,
     cache_frozen_mkldnn_weights,
@@ -195,12 +196,18 @@ def compiled_forward(model: PreTrainedModel, autotune: bool, kind: StepKind = "d
             code = _run_model.__code__.replace(co_name=f"_run_model_{next(_model_numbers)}")
             run = types.FunctionType(code, _run_model.__globals__, code.co_name)
             options = {**COMPILE_OPTIONS, **(AUTOTUNE_OPTIONS if autotune else {})}
-            options["post_grad_custom_post_pass"] = GraphCacheKey(graph_cache_key(model))  # see `graph_cache`
+            key = graph_cache_key(model)
+            options["post_grad_custom_post_pass"] = GraphCacheKey(key)  # see `graph_cache`
             cache_frozen_mkldnn_weights()
             if model.device.type == "cuda" and kind == "decode":
                 options.update(CUDA_DECODE_OPTIONS)
+            guard_filter_fn = options.pop("guard_filter_fn")
+            # `torch.compile(run, fullgraph=True, dynamic=None, options=options)`, with inductor as its backend
+            # keeping what AOT autograd and freezing made for a later start (`frozen_graphs`).
             # Not bound to the model (it is passed at each call): the weak dictionary does not keep its own key alive.
-            forward = forwards[autotune, kind] = torch.compile(run, fullgraph=True, dynamic=None, options=options)
+            forward = forwards[autotune, kind] = torch._dynamo.optimize(
+                backend=FrozenGraphBackend(options, key), nopython=True, dynamic=None, guard_filter_fn=guard_filter_fn
+            )(run)
         return forward
 
 
@@ -408,10 +415,12 @@ class StepCompiler:
                     type(exc).__name__,
                     first_line,
                 )
-                # The graph dynamo installed from it is dropped too (the ready one with it, when remaking: made again).
+                # The graph dynamo installed from it is dropped too (the ready one with it, when remaking: made again),
+                # and a direct call made from it (the warm-up makes one, `warmup.make_direct_call`).
                 code = getattr(getattr(self.forward, "_torchdynamo_orig_callable", None), "__code__", None)
                 if code is not None:
                     torch._dynamo.reset_code(code)
+                self.direct = DirectPath()
                 clear_cache()
                 self._trace(bucket, first=not remaking)
                 if remaking and bucket is not None:

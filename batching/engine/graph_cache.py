@@ -10,9 +10,10 @@ config and a digest of every weight), its dtype and device, torch's version, the
 digest of the engine's own code. A graph made for anything else is a miss, and is compiled.
 
 Inductor bypassed its cache for our graphs ("mkldnn tensors unpickleable": freezing packs the linear layers'
-weights for MKL-DNN), so until `cache_frozen_mkldnn_weights` every start compiled every graph again. What a
-second start still does: dynamo and AOT autograd trace the step and freezing runs (AOT autograd's own cache is
-off for frozen graphs), then the lowering, the C++ builds and the kernels' timing come from the disk.
+weights for MKL-DNN), so until `cache_frozen_mkldnn_weights` every start compiled every graph again. A second start
+traces the step with dynamo, then takes the rest from the disk: what AOT autograd and freezing made
+(`frozen_graphs`, as AOT autograd's own cache is off for frozen graphs), and the lowering, the C++ builds and the
+kernels' timing from inductor's cache.
 
 A graph read back from the cache is checked: its first step is run eager too and the logits must agree
 (`check_against_eager`). A cached graph that fails to load or disagrees is not used: the cache folder is cleared

@@ -18,13 +18,16 @@ from transformers import LlamaForCausalLM
 
 import batching.engine.graph_cache as graph_cache
 from batching.engine.compiled import StepCompiler, _run_model
+from batching.engine.frozen_graphs import FOLDER
 from batching.engine.graph_cache import graph_cache_key
+from batching.engine.step_call import DIRECT_CHECKS
 from tests.engine.helpers import loaded
 from tests.helpers import ROOT
 from tests.tiny_models import TINY_CONFIGS
 
 # One start of a process: the decode graph of a 2-slot runner made through the cache in `cache`, then a decode step
-# compiled and eager; prints the graphs read from the cache and compiled, and both steps' logits.
+# compiled and eager; prints the graphs read from the cache and compiled, those kept without tracing AOT autograd and
+# freezing again and loaded so (`frozen_graphs`), and both steps' logits.
 _START = """
 import json, sys, torch
 sys.path.insert(0, {root!r})
@@ -32,6 +35,7 @@ torch.set_num_threads(1)
 from batching.engine.compiled import use_compile_cache
 use_compile_cache(__import__("pathlib").Path({cache!r}))
 from batching.engine.graph_cache import cache_hits, cache_misses
+from batching.engine.frozen_graphs import stats
 from batching.engine.runner import ModelRunner
 from tests.engine.helpers import loaded
 model = loaded({folder!r}).model
@@ -46,7 +50,8 @@ def last_logits(compiled):
     return runner.forward([[7], [8]]).tolist()
 
 compiled = last_logits(True)
-print(json.dumps({{"hits": cache_hits(), "misses": cache_misses(), "compiled": compiled, "eager": last_logits(False)}}))
+print(json.dumps({{"hits": cache_hits(), "misses": cache_misses(), "kept": stats["kept"], "loaded": stats["loaded"],
+                  "compiled": compiled, "eager": last_logits(False)}}))
 """
 
 
@@ -80,8 +85,11 @@ def test_a_second_start_reads_its_graph_from_the_disk_cache_and_a_model_with_oth
     cache = tmp_path / "cache"
     first = start(tiny_model_dirs["llama"], cache)
     assert first["hits"] == 0 and first["misses"] >= 1
+    assert first["kept"] == 1 and first["loaded"] == 0, first["log"][-3000:]
     second = start(tiny_model_dirs["llama"], cache)
     assert second["hits"] >= 1 and second["misses"] == 0, second["log"][-3000:]
+    # Dynamo traced the step; AOT autograd and freezing did not run: the graph was loaded from what the first kept.
+    assert second["loaded"] == 1 and second["kept"] == 0, second["log"][-3000:]
     answers_as_eager(second)
     torch.testing.assert_close(torch.tensor(second["compiled"]), torch.tensor(first["compiled"]), atol=1e-5, rtol=0)
     # Same config and shapes, other weights: inductor's own key would take the first model's graph.
@@ -97,7 +105,8 @@ def test_a_cache_with_garbled_files_is_cleared_and_the_graph_compiled_afresh(
     start(tiny_model_dirs["llama"], cache)
     garbled = 0
     for path in cache.rglob("*"):
-        if path.is_file() and path.suffix in (".so", ".py", ""):  # built wrappers and kernels, graphs' sources, entries
+        # Built wrappers and kernels, graphs' sources, inductor's entries, and what `frozen_graphs` kept.
+        if path.is_file() and path.suffix in (".so", ".py", "", ".pt"):
             path.write_bytes(b"\0garbled" * 8)
             garbled += 1
     assert garbled
@@ -105,8 +114,24 @@ def test_a_cache_with_garbled_files_is_cleared_and_the_graph_compiled_afresh(
     assert after["misses"] >= 1, after["log"][-3000:]
     answers_as_eager(after)
     again = start(tiny_model_dirs["llama"], cache)  # what the rebuild wrote is read back
-    assert again["hits"] >= 1 and again["misses"] == 0, again["log"][-3000:]
+    assert again["hits"] >= 1 and again["misses"] == 0 and again["loaded"] == 1, again["log"][-3000:]
     answers_as_eager(again)
+
+
+def test_a_kept_graph_whose_compiled_graph_is_gone_is_compiled_in_full(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    start(tiny_model_dirs["llama"], cache)
+    kept = list((cache / FOLDER).glob("*.pt"))
+    assert len(kept) == 1
+    for entry in cache.iterdir():  # inductor's cache emptied; what `frozen_graphs` kept stays, naming a graph gone
+        if entry.name != FOLDER:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    after = start(tiny_model_dirs["llama"], cache)
+    assert after["loaded"] == 0 and after["misses"] >= 1 and after["kept"] == 1, after["log"][-3000:]
+    assert "a kept graph could not be used" in after["log"]
+    answers_as_eager(after)
 
 
 def test_a_cached_graph_that_disagrees_with_eager_is_dropped_and_compiled_afresh(
@@ -138,6 +163,29 @@ def test_a_cached_graph_that_disagrees_with_eager_is_dropped_and_compiled_afresh
     assert calls == ["cached", "compiled"]
     assert not (tmp_path / "planted").exists()
     assert any("could not be used" in record.getMessage() for record in caplog.records)
+
+
+def test_a_direct_call_made_from_a_cached_graph_that_fails_later_is_dropped_with_it(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up makes the graph's direct call; a graph read from the cache that fails after that (say, in the
+    direct call's own checks) is compiled afresh, and its direct call must be made again from the new graph."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = loaded(str(tiny_model_dirs["llama"])).model
+    seen: list[int] = []  # the direct path's checked calls at the start of each warm-up
+
+    def warm(step: Any, bucket: tuple[int, int], compiler: StepCompiler | None) -> None:
+        assert compiler is not None
+        seen.append(compiler.direct.checked)
+        if len(seen) == 1:  # read from the cache, its direct call made and checked, then a failure
+            graph_cache.counters["inductor"]["fxgraph_cache_hit"] += 1
+            compiler.direct.checked = DIRECT_CHECKS
+            raise RuntimeError("the cached graph failed in a later step")
+
+    compiler = StepCompiler(model, 2, 16, False, warm)
+    assert compiler.compile_now() is not None
+    assert seen == [0, 0]  # the retry started on a fresh direct path, not the dropped graph's
+    assert compiler.ready and compiler.direct.checked == 0
 
 
 def test_the_key_changes_with_the_weights_the_dtype_and_the_engine_code_but_not_with_a_reload(
