@@ -283,9 +283,14 @@ def _install_hooks() -> None:
 
 
 @contextlib.contextmanager
-def _recording_compile() -> Iterator[_Recording]:
-    _install_hooks()
+def _recording_compile(enabled: bool) -> Iterator[_Recording]:
+    """A compile in this thread, recorded when `enabled` (on the torch the hooks were checked on: elsewhere they are
+    never installed, and nothing is kept)."""
     recording = _Recording()
+    if not enabled:
+        yield recording
+        return
+    _install_hooks()
     _recording.current = recording
     try:
         yield recording
@@ -334,7 +339,7 @@ class FrozenGraphBackend(torch._TorchCompileInductorWrapper):
             else:
                 stats["loaded"] += 1
                 return compiled
-        with _recording_compile() as recording:
+        with _recording_compile(enabled=path is not None) as recording:
 
             def inner_compile(graph: torch.fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
                 compiled_graph = compile_fx_inner(graph, inputs, **kwargs)

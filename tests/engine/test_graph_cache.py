@@ -1,6 +1,8 @@
-"""The disk cache of compiled graphs: a second start reads its graphs instead of compiling them (counted, not
-timed), a graph made for other weights, another dtype or other engine code is a miss, and a cache that cannot be
-trusted (files garbled, a graph that disagrees with eager) is cleared and compiled afresh, never answered from."""
+"""The disk cache of compiled graphs: a second start reads its graphs instead of compiling them, and loads them
+without AOT autograd or freezing running again (`frozen_graphs`; counted, not timed), a graph made for other
+weights, another dtype or other engine code is a miss, and a cache that cannot be trusted (files garbled, a kept
+entry naming a graph that is gone, a graph that disagrees with eager, one that fails after its direct call was made)
+is cleared or compiled afresh, never answered from."""
 
 from __future__ import annotations
 
@@ -92,6 +94,16 @@ def test_a_second_start_reads_its_graph_from_the_disk_cache_and_a_model_with_oth
     assert second["loaded"] == 1 and second["kept"] == 0, second["log"][-3000:]
     answers_as_eager(second)
     torch.testing.assert_close(torch.tensor(second["compiled"]), torch.tensor(first["compiled"]), atol=1e-5, rtol=0)
+    # Inductor's cache emptied, what `frozen_graphs` kept left behind, naming a compiled graph that is gone: the
+    # entry is dropped with a warning, the graph compiled in full and kept again.
+    assert len(list((cache / FOLDER).glob("*.pt"))) == 1
+    for entry in cache.iterdir():
+        if entry.name != FOLDER:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    third = start(tiny_model_dirs["llama"], cache)
+    assert third["loaded"] == 0 and third["misses"] >= 1 and third["kept"] == 1, third["log"][-3000:]
+    assert "a kept graph could not be used" in third["log"]
+    answers_as_eager(third)
     # Same config and shapes, other weights: inductor's own key would take the first model's graph.
     other = start(other_weights, cache)
     assert other["hits"] == 0 and other["misses"] >= 1 and other["loaded"] == 0
@@ -116,22 +128,6 @@ def test_a_cache_with_garbled_files_is_cleared_and_the_graph_compiled_afresh(
     again = start(tiny_model_dirs["llama"], cache)  # what the rebuild wrote is read back
     assert again["hits"] >= 1 and again["misses"] == 0 and again["loaded"] == 1, again["log"][-3000:]
     answers_as_eager(again)
-
-
-def test_a_kept_graph_whose_compiled_graph_is_gone_is_compiled_in_full(
-    tiny_model_dirs: dict[str, Path], tmp_path: Path
-) -> None:
-    cache = tmp_path / "cache"
-    start(tiny_model_dirs["llama"], cache)
-    kept = list((cache / FOLDER).glob("*.pt"))
-    assert len(kept) == 1
-    for entry in cache.iterdir():  # inductor's cache emptied; what `frozen_graphs` kept stays, naming a graph gone
-        if entry.name != FOLDER:
-            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    after = start(tiny_model_dirs["llama"], cache)
-    assert after["loaded"] == 0 and after["misses"] >= 1 and after["kept"] == 1, after["log"][-3000:]
-    assert "a kept graph could not be used" in after["log"]
-    answers_as_eager(after)
 
 
 def test_a_cached_graph_that_disagrees_with_eager_is_dropped_and_compiled_afresh(
