@@ -382,9 +382,12 @@ class FrozenGraphBackend(torch._TorchCompileInductorWrapper):
             logger.info("graph not kept for later starts: %s", why)
             return
         compiled_graph, kwargs = recording.graphs[0]
-        names, params = _aot_params(gm)
         needed = sorted(set(compiled_graph.frozen_param_names.values()))
-        steps = recording.recipes.names
+        missing = [name for name in needed if name not in recording.recipes.names]
+        if missing:
+            logger.info("graph not kept for later starts: no recipe for %s", missing[:3])
+            return
+        names, params = _aot_params(gm)
         entry = Entry(
             param_names=names,
             inputs=len(_placeholder_values(gm)),
@@ -394,10 +397,6 @@ class FrozenGraphBackend(torch._TorchCompileInductorWrapper):
             recipes=recording.recipes,
             needed=needed,
         )
-        missing = [name for name in needed if name not in steps]
-        if missing:
-            logger.info("graph not kept for later starts: no recipe for %s", missing[:3])
-            return
         # The recipes must make what freezing made, value for value, before they are trusted with a later start.
         made = entry.recipes.make(params)
         for name in needed:
