@@ -360,6 +360,9 @@ class FrozenGraphBackend(torch._TorchCompileInductorWrapper):
         values = _placeholder_values(gm)
         if any(isinstance(value, torch.Tensor) and value.device.type != "cpu" for value in values):
             return None  # kept for CPU graphs only (a GPU's decode graphs are replayed from CUDA graphs)
+        from torch._inductor import config as inductor_config
+        from torch._inductor.utils import parallel_num_threads
+
         digest = hashlib.sha256()
         options = {name: value for name, value in patches.items() if not callable(value)}
         names, params = _aot_params(gm)
@@ -368,6 +371,11 @@ class FrozenGraphBackend(torch._TorchCompileInductorWrapper):
             f"torch {torch.__version__}",
             f"key {self.key}",
             f"options {sorted(options.items())!r}",
+            # What inductor's own key holds beside the graph and is not in `options`: its whole configuration (set
+            # from the environment too) and the thread count its C++ kernels were made for (a graph kept at one
+            # thread, loaded at two, ran every kernel but the attention's on one thread).
+            f"inductor {sorted(inductor_config.save_config_portable(ignore_private_configs=False).items())!r}",
+            f"threads {parallel_num_threads()}",
             gm.code,
             *(f"{name} {_describe_value(param)}" for name, param in zip(names, params, strict=True)),
             *(_describe_value(value) for value in values),
