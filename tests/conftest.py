@@ -41,14 +41,15 @@ def family_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
 
 # The suite runs on two pytest-xdist workers (`-n 2 --dist loadgroup` in pyproject's addopts): these modules, which
 # compile graphs (a graph per model family; processes that start on a cold and a warm disk cache; builds of the
-# paged-decode operator), CPU-bound and nothing timed, on one worker at the lowest CPU priority; everything else, in
-# order, on the other. The timed tests (browsers, servers, step medians) keep the cores whenever they want them, and
-# the compiles take what they leave idle. The graph-cache and operator-build modules moved here on 2026-11-27: on
-# the foreground worker they were 170 of its 900 s, the background worker's families about 6 minutes.
+# paged-decode operator; graphs made beside running steps), CPU-bound and nothing timed, on one worker at the lowest
+# CPU priority; everything else, in order, on the other. The timed tests (browsers, servers, step medians) keep the
+# cores whenever they want them, and the compiles take what they leave idle. All but the families moved here on
+# 2026-11-27: on the foreground worker they were about 250 of its 900 s, the background's families about 7 minutes.
 BACKGROUND_MODULES = (
     "tests/engine/test_families.py",
     "tests/engine/test_graph_cache.py",
     "tests/engine/test_paged_decode.py",
+    "tests/engine/test_compiled.py",
 )
 
 
