@@ -17,6 +17,7 @@ from batching.engine import huge_pages_state
 from batching.engine.events import StepEvent
 from batching.engine.omp_wait import wait_policy_state
 from model.loader import LoadedModel
+from utils.allocator import allocator_state
 from utils.cli import text_table
 from utils.metrics import percentile, summarize
 
@@ -194,6 +195,7 @@ def machine_info(loaded: LoadedModel) -> dict:
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "huge_pages": huge_pages_state(),
         "omp_wait_policy": wait_policy_state(),
+        "allocator": allocator_state(),
     }
 
 
@@ -241,7 +243,7 @@ def _setup_lines(result: dict) -> list[str]:
         f"machine: {machine['cpu_count']} x {machine['cpu_model']}, torch {machine['torch']} "
         f"({machine['torch_threads']} threads), transformers {machine['transformers']}, device {machine['device']}, "
         f"dtype {machine['dtype']}, huge pages {machine.get('huge_pages', '-')}, idle OpenMP threads "
-        f"{machine.get('omp_wait_policy', '-')}",
+        f"{machine.get('omp_wait_policy', '-')}, malloc {machine.get('allocator', '-')}",
     ]
 
 

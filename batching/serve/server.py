@@ -25,6 +25,7 @@ from batching.serve.schemas import SamplingDefaults, ServedLimits
 from batching.service import EngineClient, EngineConfig, engine_options
 from config.settings import ModelSettings, Settings, SettingsError, load_settings, setting_warnings
 from model.loader import ModelLoadError, resolve_source
+from utils.allocator import allocator_state
 from utils.cli import OneLineParser
 from utils.log_setup import configure_logging
 
@@ -148,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ServeError(f"--port {args.port} is not allowed: must be in [1, 65535]")
         settings = load_settings()
         configure_logging(getattr(logging, args.log_level.upper()))
+        logger.info("malloc: %s", allocator_state())  # the engine process, forked from this one, runs on it too
         if args.kv_cache_mb is not None and not 0 < args.kv_cache_mb <= 1_048_576:
             raise ServeError(f"--kv-cache-mb {args.kv_cache_mb} is not allowed: must be in (0, 1048576]")
         settings = _with_flags(settings, args)

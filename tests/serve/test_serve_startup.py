@@ -8,8 +8,11 @@ import json
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from batching.bench.steady import steps_by_path
 from tests.serve.helpers import our_server
+from utils.allocator import find_tcmalloc
 
 
 def _complete(url: str, prompt: str, max_tokens: int) -> dict:
@@ -59,11 +62,22 @@ def test_no_compile_starts_at_once_eager_and_a_kv_budget_given_is_the_pool(
 ) -> None:
     env = {"BATCHSCOPE_MODEL__NAME_OR_PATH": str(tiny_model_dirs["llama"]), "BATCHSCOPE_ENGINE__COMPILE_STEPS": "true"}
     args = ("--log-level", "info", "--no-compile", "--kv-cache-mb", "2")
-    with our_server(tmp_path, env, args=args) as (url, _):
+    with our_server(tmp_path, env, args=args) as (url, process):
         _complete(url, "Hello there", 4)
         steps = steps_by_path(url)
+        # Started again under TCMalloc (the same process id: replaced in place), its engine process forked with it.
+        children = [pid for task in Path(f"/proc/{process.pid}/task").iterdir() for pid in _children(task)]
+        mapped = [Path(f"/proc/{pid}/maps").read_text() for pid in (process.pid, *children)]
     lines = _log(tmp_path)
     assert not any("compiling [" in line for line in lines)
     assert _index(lines, "compiled steps are off") < _index(lines, "serving ")
     assert "KV cache: 2.0 MiB (as set)" in lines[_index(lines, "KV cache: ")]
     assert steps["eager"] >= 4 and steps["compiled"] == steps["direct"] == 0
+    if find_tcmalloc() is None:
+        pytest.skip("TCMalloc is not installed (apt-get install libtcmalloc-minimal4): the rest checks it is used")
+    assert len(mapped) == 2 and all("libtcmalloc" in maps for maps in mapped), len(mapped)
+    assert "malloc: TCMalloc (" in lines[_index(lines, "malloc: ")]
+
+
+def _children(task: Path) -> list[str]:
+    return (task / "children").read_text().split()
