@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.browser.helpers import BROWSER_MARKS, IDLE, new_page, start_streamlit, stop_streamlit
-from tests.helpers import free_port
+from tests.helpers import children_of, free_port
 
 pytestmark = BROWSER_MARKS
 
@@ -33,20 +32,6 @@ SIDEBAR_WIDGETS = [
     ("textbox", "System prompt"),
     ("radiogroup", "How requests join"),
 ]
-
-
-def children_of(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (read from /proc)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:  # it ended while we looked
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(name))
-    return found
 
 
 def sockets_of(pid: int) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from batching.bench.steady import steps_by_path
+from tests.helpers import children_of
 from tests.serve.helpers import our_server
 from utils.allocator import find_tcmalloc
 
@@ -66,8 +67,7 @@ def test_no_compile_starts_at_once_eager_and_a_kv_budget_given_is_the_pool(
         _complete(url, "Hello there", 4)
         steps = steps_by_path(url)
         # Started again under TCMalloc (the same process id: replaced in place), its engine process forked with it.
-        children = [pid for task in Path(f"/proc/{process.pid}/task").iterdir() for pid in _children(task)]
-        mapped = [Path(f"/proc/{pid}/maps").read_text() for pid in (process.pid, *children)]
+        mapped = [Path(f"/proc/{pid}/maps").read_text() for pid in (process.pid, *children_of(process.pid))]
     lines = _log(tmp_path)
     assert not any("compiling [" in line for line in lines)
     assert _index(lines, "compiled steps are off") < _index(lines, "serving ")
@@ -77,7 +77,3 @@ def test_no_compile_starts_at_once_eager_and_a_kv_budget_given_is_the_pool(
         pytest.skip("TCMalloc is not installed (apt-get install libtcmalloc-minimal4): the rest checks it is used")
     assert len(mapped) == 2 and all("libtcmalloc" in maps for maps in mapped), len(mapped)
     assert "malloc: TCMalloc (" in lines[_index(lines, "malloc: ")]
-
-
-def _children(task: Path) -> list[str]:
-    return (task / "children").read_text().split()
