@@ -13,9 +13,12 @@ How a graph comes to be called directly:
 - **Check.** The first calls run both ways, and their outputs and cache writes must be equal. The caller does
   this (`step_call.StepCaller._checked_direct`).
 
-Dynamo's guards still run (its own check of the graph's one cache entry): a step they refuse (a history
+Dynamo's guards still decide (its own check of the graph's one cache entry): a step they refuse (a history
 past a sliding window the graph branched on, a global flag switched) takes the normal call, which re-traces or
-fails as before. What is skipped is dynamo's frame, its bytecode around the graph (after the graph it only resets
+fails as before. Their answer is kept by the step's signature (`StepInputs.roles`: every tensor's dtype, sizes and
+strides, the plans' other values), while torch's global state (the flags dynamo's guards read) stays as it was
+when kept: a step's inputs are new tensors each time, and checking them afresh took 60-80 us of a 1.4 ms step.
+What is skipped is dynamo's frame, its bytecode around the graph (after the graph it only resets
 transformers' output-capture variable, which stays reset) and the wrappers; a graph with outputs beyond the step's
 two would be replaying Python side effects, and is never called directly.
 """
@@ -24,17 +27,22 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._C._dynamo.guards import GlobalStateGuard
 from torch.torch_version import TorchVersion
+
+from batching.engine.step_inputs import Signature
 
 # The internals it reads (inductor's `CompiledFxGraph` and its `current_callable`, dynamo's cache entries and guard
 # manager, the C++ wrapper's sizes as tensors) were checked on torch 2.13's CPU build only.
 CHECKED_TORCH = "2.13"
 _TORCH_CHECKED = TorchVersion(torch.__version__) >= CHECKED_TORCH  # read once: the runner asks every step
+
+MAX_ADMITTED = 4096  # signatures kept per graph (a decode graph meets one per row bucket and table width)
 
 _watch = threading.local()  # `sink`: the list a watched call appends its graph calls to (this thread only)
 _hook_lock = threading.Lock()
@@ -150,6 +158,8 @@ class DirectCall:
     recipe: list[Source]
     roles: int  # how many roles the recipe was made for
     _sizes: threading.local = field(default_factory=threading.local)
+    _admitted: set[Hashable] = field(default_factory=set)  # (model, cache, signature) the guards accepted
+    _state: Any = None  # dynamo's snapshot of torch's global state while `_admitted` was filled
 
     @classmethod
     def of(
@@ -163,9 +173,21 @@ class DirectCall:
             return None
         return cls(call, guards, recipe, len(roles))
 
-    def admits(self, model: object, inputs: dict[str, Any]) -> bool:
-        """Whether dynamo's guards accept this call (the frame's locals of `compiled._run_model`)."""
-        return bool(self.guards.check({"model": model, "inputs": inputs}))
+    def admits(self, model: object, inputs: dict[str, Any], cache: object, signature: Signature) -> bool:
+        """Whether dynamo's guards accept this call (the frame's locals of `compiled._run_model`; `cache` is the
+        object among them that lives on, `signature` what the guards can read of the rest): asked once per
+        signature while torch's global state and its function modes stay as they were."""
+        key = (id(model), id(cache), torch._C._len_torch_function_stack(), signature)
+        state = self._state
+        if state is not None and key in self._admitted and state.check():
+            return True
+        if not self.guards.check({"model": model, "inputs": inputs}):
+            return False
+        if state is None or not state.check() or len(self._admitted) >= MAX_ADMITTED:
+            self._admitted = set()
+            self._state = GlobalStateGuard()
+        self._admitted.add(key)
+        return True
 
     def __call__(self, roles: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         sizes, size_tensors = self._size_buffers()

@@ -22,7 +22,7 @@ from batching.engine.direct_call import DirectCall, DirectPath, direct_calls_sup
 from batching.engine.events import StepPath
 from batching.engine.kv_cache import PagedKVCache
 from batching.engine.sampling import greedy_list
-from batching.engine.step_inputs import StepInputs
+from batching.engine.step_inputs import Signature, StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ class StepCaller:
             inputs.mark_dynamic()
         ran = None
         if compiler is not None:
-            ran = self._direct(compiler.direct, step, inputs.roles(self.placeholder_mask, self.cache.pools()), kwargs)
+            roles, signature = inputs.roles(self.placeholder_mask, self.cache.pools())
+            ran = self._direct(compiler.direct, step, roles, signature, kwargs)
         if ran is None:
             ran = self._through_graphs(step, kwargs)
         (logits, greedy), path = ran
@@ -117,7 +118,7 @@ class StepCaller:
         return outputs, "compiled" if seen else "eager"
 
     def _direct(
-        self, path: DirectPath, step: Step, roles: list[torch.Tensor], kwargs: dict[str, Any]
+        self, path: DirectPath, step: Step, roles: list[torch.Tensor], signature: Signature, kwargs: dict[str, Any]
     ) -> tuple[Sequence[torch.Tensor], StepPath] | None:
         """The step through its graph called directly once the call is made and checked; until then through
         `torch.compile`, watched to make the call, then run both ways to check it. None: the normal call."""
@@ -136,7 +137,7 @@ class StepCaller:
                 path.tries += 1
                 path.failed = path.tries >= DIRECT_TRIES
             return outputs, "compiled"
-        if call.roles != len(roles) or not call.admits(self.model, kwargs):
+        if call.roles != len(roles) or not call.admits(self.model, kwargs, self.cache, signature):
             return None
         if path.checked < DIRECT_CHECKS:
             # The normal call's answer (its guards are the direct call's: it ran a graph).

@@ -8,6 +8,7 @@ the cache's plan, the attention plan, the logits rows to keep, and the sizes a t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from batching.engine.mask_view import StepMask
 from batching.engine.recurrent import StatePlan
 
 Dims = list[tuple[torch.Tensor, int]]  # (tensor, dimension) pairs
+Signature = tuple[Hashable, ...]  # `StepInputs.roles`: what a step's guards can read of it
 
 
 @dataclass
@@ -76,12 +78,17 @@ class StepInputs:
             PLAN_KWARG: self.plan,
         }
 
-    def roles(self, attention_mask: torch.Tensor, pools: list[torch.Tensor]) -> list[torch.Tensor]:
+    def roles(self, attention_mask: torch.Tensor, pools: list[torch.Tensor]) -> tuple[list[torch.Tensor], Signature]:
         """Every tensor the step passes, in a fixed order for the step's kind: what a graph called directly is
-        given (`direct_call`)."""
+        given (`direct_call`); and the step's signature: what dynamo's guards can read of the call that is not
+        the same object every step (each tensor's dtype, sizes and strides; the plans' types and other values)."""
         keep = [self.logits_to_keep] if isinstance(self.logits_to_keep, torch.Tensor) else []
         head = [self.input_ids, self.position_ids, *keep, attention_mask]
-        return [*head, *tensors_of(self.cache_plan), *tensors_of(self.plan), *pools]
+        signature: list[Hashable] = [_tensor_signature(tensor) for tensor in head]
+        signature.append(None if keep else self.logits_to_keep)
+        plans = walk_plan(self.cache_plan, signature) + walk_plan(self.plan, signature)
+        signature += [_tensor_signature(pool) for pool in pools]
+        return [*head, *plans, *pools], tuple(signature)
 
     def mark_dynamic(self) -> None:
         """Mark the sizes a tracing call keeps symbolic (one graph for every step of the kind)."""
@@ -91,19 +98,34 @@ class StepInputs:
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
-def tensors_of(plan: object) -> list[torch.Tensor]:
-    """The tensors a step's plan holds (its dataclass fields, nested plans and lists of them)."""
+def walk_plan(plan: object, signature: list[Hashable]) -> list[torch.Tensor]:
+    """The tensors a step's plan holds (its dataclass fields, nested plans and lists of them), in a fixed order;
+    and, appended to `signature`, everything else a compiled graph's guards can see in it: each node's type and
+    size, each tensor's metadata, every other value (an object of another kind by identity)."""
     found: list[torch.Tensor] = []
     stack = [plan]
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
             found.append(item)
+            signature.append(_tensor_signature(item))
         elif isinstance(item, list | tuple):
+            signature.append((type(item), len(item)))
             stack += list(item)
         elif (names := _field_names(type(item))) is not None:
+            signature.append((type(item),))
             stack += [getattr(item, name) for name in names]
+        elif isinstance(item, dict):  # made while tracing (a mask's additive forms): its keys only
+            signature.append((dict, tuple(item)))
+        elif item is None or isinstance(item, int | float | str | torch.dtype):
+            signature.append((type(item), item))  # typed: True, 1 and 1.0 are equal keys
+        else:
+            signature.append((type(item), id(item)))
     return found
+
+
+def _tensor_signature(tensor: torch.Tensor) -> Hashable:
+    return tensor.dtype, tensor.shape, tensor.stride()
 
 
 _FIELDS: dict[type, tuple[str, ...] | None] = {}  # a compiled step lists its roles every step: fields read once

@@ -1,6 +1,7 @@
 """Compiled steps through their graph called directly (`direct_call`): the recipe of a graph's flat inputs, a
 direct call made and checked with the graph so a batcher's steps take it from the first, token for token equal to
-`generate`, and a wrong recipe caught by that check, leaving the normal call for good."""
+`generate`, the guards asked once per step signature while global state stays, and a wrong recipe caught by that
+check, leaving the normal call for good."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import pytest
 import torch
 
 import batching.engine.direct_call as direct_call
+from batching.engine.attention import PackedPlan, RowMask
 from batching.engine.batcher import Batcher
 from batching.engine.direct_call import DirectCall, recipe_for
 from batching.engine.options import BatcherOptions
 from batching.engine.runner import DIRECT_CHECKS
+from batching.engine.step_inputs import walk_plan
 from tests.engine.helpers import loaded, random_prompts, reference, run_with_late_arrivals
 
 CAPS = [30, 4, 22, 41, 9]
@@ -83,6 +86,75 @@ def test_steps_take_the_direct_call_made_with_the_graph_and_stay_equal_to_genera
     outputs = run_with_late_arrivals(again, prompts, CAPS, late_from=3, join_at_step=3, ignore_eos=True)
     assert [outputs[i] for i in range(len(CAPS))] == expected
     assert calls[0] >= 30 and calls[0] == again.runner.compiled_steps - compiled_before
+
+
+class CountingGuards:
+    """A graph's real guards, counting the checks that reach them."""
+
+    def __init__(self, guards: Any) -> None:
+        self.guards, self.checks = guards, 0
+
+    def check(self, frame_locals: dict[str, Any]) -> bool:
+        self.checks += 1
+        return bool(self.guards.check(frame_locals))
+
+
+def test_the_guards_answer_once_per_step_signature_while_global_state_stays(compiled_llama: Any) -> None:
+    model = compiled_llama
+    prompts = random_prompts(len(CAPS), vocab=300, seed=13, longest=20)
+    batcher = Batcher(model.model, model.tokenizer, OPTIONS)
+    compiler = batcher.runner.compiler
+    assert compiler is not None and compiler.compile_now() is not None
+    call = compiler.direct.call
+    assert call is not None
+    guards = CountingGuards(call.guards)
+    call.guards, call._admitted, call._state = guards, set(), None
+    asked: list[Any] = []
+    probes: list[tuple[bool, int]] = []  # (admitted, checks so far) around the tenth step
+    admits = call.admits
+
+    def recorded(model: object, inputs: dict[str, Any], cache: object, signature: Any) -> bool:
+        asked.append(signature)
+        if len(asked) == 10:
+            probes.append((admits(model, inputs, cache, signature), guards.checks))
+            # A global flag the guards read switched (TF32: a CPU step ignores it): the kept answer is not used.
+            tf32 = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = not tf32
+            try:
+                probes.append((admits(model, inputs, cache, signature), guards.checks))
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+        return admits(model, inputs, cache, signature)
+
+    call.admits = recorded  # type: ignore[method-assign]
+    run_with_late_arrivals(batcher, prompts, CAPS, late_from=3, join_at_step=3, ignore_eos=True)
+    (kept, checks), (switched, checks_switched) = probes
+    assert kept and not switched and checks_switched == checks + 1
+    distinct = len(set(asked))
+    # Rows from 4 down to 1 and histories across several column widths: several signatures, each met many times;
+    # the tenth step's asked once more with the flag switched (the flag back, the kept answers stand again).
+    assert 3 <= distinct < len(asked) // 4 and guards.checks == distinct + 1
+
+
+def test_a_step_signature_holds_every_tensor_size_stride_and_dtype_and_every_other_value() -> None:
+    def plan(rows: int = 3, kv_len: int = 1, tables: torch.Tensor | None = None) -> PackedPlan:
+        mask = RowMask(torch.zeros(rows, 1, 1, 1, dtype=torch.int64), torch.zeros(rows, 1, 1, 1), torch.float32)
+        return PackedPlan(rows, None, None, mask, [], kv_len, torch.zeros(rows, 4) if tables is None else tables)
+
+    def signature(of: PackedPlan) -> tuple[Any, ...]:
+        found: list[Any] = []
+        tensors = walk_plan(of, found)
+        assert len(tensors) == 3  # the tables and the mask's two tensors, not the mask's dtype
+        return tuple(found)
+
+    same = signature(plan())
+    assert signature(plan()) == same  # new tensors of the same kind: the same signature
+    assert signature(plan(rows=2)) != same
+    assert signature(plan(kv_len=2)) != same
+    assert signature(plan(kv_len=True)) != same  # True == 1, but not the same value to a guard
+    assert signature(plan(tables=torch.zeros(3, 5))) != same
+    assert signature(plan(tables=torch.zeros(4, 3).t())) != same  # same sizes, other strides
+    assert signature(plan(tables=torch.zeros(3, 4, dtype=torch.int64))) != same
 
 
 def test_a_wrong_recipe_is_caught_by_the_check_and_the_steps_stay_exact(
