@@ -37,10 +37,12 @@ def test_more_threads_are_chosen_only_when_faster_by_more_than_the_margin() -> N
 def test_compiled_steps_take_the_most_threads_among_the_fastest_never_one_measured_clearly_slower() -> None:
     assert threads.choose({1: 0.00775, 2: 0.00774}, compiled=True) == 2  # the embedded model's eager tie, quiet
     assert threads.choose({1: 0.100, 2: 0.104}, compiled=True) == 2  # within the margin
-    assert threads.choose({1: 0.00590, 2: 0.00648}, compiled=True) == 2  # eager 10% slower at two: compiled gains
-    assert threads.choose({1: 0.00716, 2: 0.01323}, compiled=True) == 1  # 1.85x slower: not taken
+    assert threads.choose({1: 0.00626, 2: 0.00834}, compiled=True) == 2  # eager 1.33x slower at two: compiled gains
+    assert threads.choose({1: 0.00716, 2: 0.01323}, compiled=True) == 2  # 1.85x, once on a quiet machine
     assert threads.choose({1: 0.010, 2: 0.047}, compiled=True) == 1  # shared cores: clearly slower at two
-    assert threads.choose({1: 0.140, 2: 0.080, 4: 0.050, 8: 0.070}, compiled=True) == 4
+    # Every allowed thread, as the peers run, unless the eager step there is twice the fastest count's or more.
+    assert threads.choose({1: 0.140, 2: 0.080, 4: 0.050, 8: 0.070}, compiled=True) == 8
+    assert threads.choose({1: 0.140, 2: 0.080, 4: 0.050, 8: 0.101}, compiled=True) == 4
 
 
 def test_the_choice_is_never_slower_than_one_thread_measured() -> None:
