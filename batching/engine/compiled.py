@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.fx.experimental._config as fx_config
@@ -106,7 +106,35 @@ AUTOTUNE_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "max_autotune_report_choices_stats": False,
 }
 
-_compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[bool, StepKind], Callable[..., object]]] = (
+# A small model's decode graph on a CPU: its linear layers as inductor's C++ GEMM templates only, not oneDNN's packed
+# call beside them (each oneDNN call builds its descriptors anew: a fixed cost that a small layer's work does not
+# hide). Measured, decode steps alone, one process, the two graphs alternating (2026-11-28, 2-vCPU AMD EPYC): the
+# embedded model (largest weight 3027 x 256) at two threads 0.51 / 0.56 / 0.70 / 1.40 ms at 1 / 2 / 4 / 8 rows against
+# 0.59 / 0.64 / 0.75 / 1.43 with autotuning's mix, at one thread 0.65 against 1.21 ms at 1 row; seed-blog at two
+# threads 1.06x. The 0.5B shape (weights up to 4864 x 896) went the other way at 8 rows (84.4 against 63.5 ms; 45.1
+# against 60.4 at 1 row), so larger models keep the mix. A graph the templates cannot make alone (a batched matmul
+# in attention has no template here) is compiled again with every kernel.
+TEMPLATES_ONLY_MAX_WEIGHT = 1 << 20  # elements of the largest linear layer's weight
+TEMPLATES_ONLY: dict[str, str | int | bool | Callable[..., Any]] = {"max_autotune_gemm_backends": "CPP"}
+
+
+def templates_only(model: torch.nn.Module, autotune: bool, kind: StepKind) -> bool:
+    """Whether `model`'s `kind` graph takes its linear layers from inductor's C++ GEMM templates only: an autotuned
+    decode graph on a CPU of a model whose weights (every parameter with two dimensions or more) are linear layers'
+    and embeddings', none over `TEMPLATES_ONLY_MAX_WEIGHT` elements in a linear layer."""
+    if not autotune or kind != "decode" or next(model.parameters()).device.type != "cpu":
+        return False
+    linear = {
+        id(module.weight): module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear)
+    }
+    embedding = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
+    matrices = [parameter for parameter in model.parameters() if parameter.dim() >= 2]
+    if not linear or any(id(weight) not in linear and id(weight) not in embedding for weight in matrices):
+        return False
+    return max(linear.values()) <= TEMPLATES_ONLY_MAX_WEIGHT
+
+
+_compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[bool, StepKind, bool], Callable[..., object]]] = (
     weakref.WeakKeyDictionary()
 )
 _compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int, bool, StepKind], StepCompiler]] = (
@@ -180,9 +208,11 @@ def use_compile_cache(folder: Path | None = None) -> Path:
     return folder
 
 
-def compiled_forward(model: PreTrainedModel, autotune: bool, kind: StepKind = "decode") -> Callable[..., object]:
-    """One compiled forward per model, autotune choice and step kind, shared by every batcher on it: call it with
-    the model, then its inputs.
+def compiled_forward(
+    model: PreTrainedModel, autotune: bool, kind: StepKind = "decode", templates: bool = False
+) -> Callable[..., object]:
+    """One compiled forward per model, autotune choice, step kind and GEMM choice (`templates`: the C++ templates
+    only, `templates_only`), shared by every batcher on it: call it with the model, then its inputs.
 
     Each model gets a code object of its own to compile: dynamo keeps its graphs on the code object it starts
     from, and its guards cannot tell two models of one class apart (a model is guarded by type, not identity), so
@@ -191,11 +221,15 @@ def compiled_forward(model: PreTrainedModel, autotune: bool, kind: StepKind = "d
     """
     with _lock:
         forwards = _compiled.setdefault(model, {})
-        forward = forwards.get((autotune, kind))
+        forward = forwards.get((autotune, kind, templates))
         if forward is None:
             code = _run_model.__code__.replace(co_name=f"_run_model_{next(_model_numbers)}")
             run = types.FunctionType(code, _run_model.__globals__, code.co_name)
-            options = {**COMPILE_OPTIONS, **(AUTOTUNE_OPTIONS if autotune else {})}
+            options = {
+                **COMPILE_OPTIONS,
+                **(AUTOTUNE_OPTIONS if autotune else {}),
+                **(TEMPLATES_ONLY if templates else {}),
+            }
             key = graph_cache_key(model)
             options["post_grad_custom_post_pass"] = GraphCacheKey(key)  # see `graph_cache`
             cache_frozen_mkldnn_weights()
@@ -205,7 +239,7 @@ def compiled_forward(model: PreTrainedModel, autotune: bool, kind: StepKind = "d
             # `torch.compile(run, fullgraph=True, dynamic=None, options=options)`, with inductor as its backend
             # keeping what AOT autograd and freezing made for a later start (`frozen_graphs`).
             # Not bound to the model (it is passed at each call): the weak dictionary does not keep its own key alive.
-            forward = forwards[autotune, kind] = torch._dynamo.optimize(
+            forward = forwards[autotune, kind, templates] = torch._dynamo.optimize(
                 backend=FrozenGraphBackend(options, key), nopython=True, dynamic=None, guard_filter_fn=guard_filter_fn
             )(run)
         return forward
@@ -284,7 +318,10 @@ class StepCompiler:
         warm: Warm,
         kind: StepKind = "decode",
     ) -> None:
-        self.forward = compiled_forward(model, autotune, kind)
+        self.templates = templates_only(model, autotune, kind)
+        self.forward = compiled_forward(model, autotune, kind, self.templates)
+        model_ref = weakref.ref(model)  # the compilers of a model are kept beside it, weakly: no cycle through here
+        self._every_kernel = lambda: compiled_forward(cast(PreTrainedModel, model_ref()), autotune, kind)
         self.kind = kind
         self.capacity = capacity
         # Columns are rounded to whole blocks and to KV_STEP (both powers of two).
@@ -426,6 +463,9 @@ class StepCompiler:
                 if remaking and bucket is not None:
                     self._trace(None, first=False)
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
+            if self.templates and not remaking and self._with_every_kernel(exc, bucket):
+                self._done(start, hits, remaking)
+                return
             if remaking:  # the graph made before keeps running what it admits; no more tries
                 self.remakes = MAX_REMAKES + 1
                 first_line = (str(exc).strip().splitlines() or [""])[0]
@@ -433,6 +473,29 @@ class StepCompiler:
                 return
             self.fail(exc, f"compiling the {self.what} failed")
             return
+        self._done(start, hits, remaking)
+
+    def _with_every_kernel(self, exc: Exception, bucket: Bucket | None) -> bool:
+        """After the C++ templates alone could not make the graph: make it with every kernel (True once made)."""
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        logger.info(
+            "the %s's linear layers as C++ templates alone did not compile (%s: %s): compiling with every kernel",
+            self.what,
+            type(exc).__name__,
+            first_line,
+        )
+        self.templates = False
+        self.forward = self._every_kernel()
+        self.direct = DirectPath()
+        try:
+            self._trace(bucket, first=True)
+        except Exception as again:
+            self.fail(again, f"compiling the {self.what} failed")
+            return False
+        return True
+
+    def _done(self, start: float, hits: int, remaking: bool) -> None:
+        """Log the graph made; the first time, it is ready."""
         seconds = time.perf_counter() - start
         source = "read from the compile cache" if cache_hits() > hits else "compiled"
         if remaking:

@@ -1,7 +1,8 @@
 """Compiled decode steps: token for token equal to `generate`, one graph with no graph breaks, the engine
 answering while the graph is made, a ready graph running while another is made and a step its guards refuse
-running eager while the graph is made again in the background (no step ever compiles), and a graph that cannot be
-made, or fails at run time, leaving the steps eager without failing a request. The disk cache: test_graph_cache."""
+running eager while the graph is made again in the background (no step ever compiles), a small model's decode graph
+from the C++ GEMM templates alone (made again with every kernel where they cannot make it), and a graph that cannot
+be made, or fails at run time, leaving the steps eager without failing a request. The disk cache: test_graph_cache."""
 
 from __future__ import annotations
 
@@ -20,19 +21,23 @@ import pytest
 import torch
 from torch._dynamo.convert_frame import compile_lock
 from torch._dynamo.utils import counters
-from transformers import LlamaForCausalLM
+from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
+from batching.engine import compiled
 from batching.engine.batcher import Batcher
 from batching.engine.compiled import (
+    TEMPLATES_ONLY_MAX_WEIGHT,
     StepCompiler,
     fits_prompt_graph,
     pause_compiles,
+    templates_only,
 )
 from batching.engine.events import Event, StepEvent, TokenEvent
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.runner import DIRECT_CHECKS, ModelRunner
 from batching.runs import RunRecord
+from tests.engine.families import family
 from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals, steps_of
 from tests.helpers import ROOT
 from tests.tiny_models import TINY_CONFIGS, save_tiny_models
@@ -54,6 +59,7 @@ def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_bre
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     compiler.compile_now()
     assert compiler.ready and not compiler.failed
+    assert compiler.templates  # a small model's decode graph: its linear layers from the C++ templates only
     compiled_before = batcher.runner.compiled_steps
     outputs = run_with_late_arrivals(batcher, prompts, CAPS, late_from=4, join_at_step=3, ignore_eos=True)
     for i, want in enumerate(expected):
@@ -62,6 +68,41 @@ def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_bre
     assert batcher.runner.compiled_steps - compiled_before > 40
     assert counters["stats"]["unique_graphs"] - graphs <= 1
     assert sum(counters["graph_break"].values()) == breaks
+
+
+def test_small_models_decode_graphs_take_the_cpp_templates_only_when_autotuned_on_a_cpu() -> None:
+    small = LlamaForCausalLM(TINY_CONFIGS["llama"])
+    assert templates_only(small, autotune=True, kind="decode")
+    assert not templates_only(small, autotune=False, kind="decode")  # no autotuning: no templates at all
+    assert not templates_only(small, autotune=True, kind="mixed")  # prompt steps keep oneDNN's large-M matmuls
+    wide = LlamaForCausalLM(replace(TINY_CONFIGS["llama"], intermediate_size=TEMPLATES_ONLY_MAX_WEIGHT // 64 + 1))
+    assert not templates_only(wide, autotune=True, kind="decode")  # one linear weight over the limit
+    gpt2 = GPT2LMHeadModel(TINY_CONFIGS["gpt2"])  # its projections are Conv1D weights, not linear layers
+    assert not templates_only(gpt2, autotune=True, kind="decode")
+
+
+def test_a_decode_graph_the_templates_cannot_make_alone_is_made_with_every_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Gemma's attention is not the paged operator's: its decode graph holds batched matmuls, which have no C++
+    # template. The second try's autotuning is ATen's kernels alone here (seconds, not a minute of timing templates).
+    monkeypatch.setitem(compiled.AUTOTUNE_OPTIONS, "max_autotune_gemm_backends", "ATEN")
+    folder = save_tiny_models(tmp_path, {"gemma": family("gemma").config()})["gemma"]
+    model = loaded(str(folder))
+    options = BatcherOptions(max_batch_size=3, max_batched_tokens=32, max_seq_len=64, compile_steps=True)
+    batcher = Batcher(model.model, model.tokenizer, options)
+    compiler = batcher.runner.compiler
+    assert compiler is not None and compiler.templates
+    with caplog.at_level(logging.INFO, logger="batching.engine.compiled"):
+        assert compiler.compile_now() is not None
+    assert compiler.ready and not compiler.failed and not compiler.templates
+    assert any("C++ templates alone did not compile" in record.getMessage() for record in caplog.records)
+    prompt, cap = [5, 6, 7, 8], 12
+    batcher.add(prompt, RequestParams(cap, ignore_eos=True))
+    events = list(batcher.run())
+    assert [path for path in (step.path for step in steps_of(events)) if path != "eager"]  # the graph ran
+    finished = list(finished_by_id(events).values())
+    assert list(finished[0].output_ids) == reference(model.model, prompt, cap, ignore_eos=True)
 
 
 def test_the_prompt_graph_takes_small_steps_and_many_short_chunks_but_not_a_long_chunk_in_a_big_step() -> None:
