@@ -302,6 +302,11 @@ def compile_state(model: PreTrainedModel, enabled: bool) -> CompileState:
     return CompileState("compiled", max(compiler.compile_s or 0.0 for compiler in started))
 
 
+def _first_line(exc: Exception) -> str:
+    """An error's first line, for a one-line log."""
+    return (str(exc).strip().splitlines() or [""])[0]
+
+
 class StepCompiler:
     """Whether the decode graph is ready; makes it in a background thread the first time a step asks for it.
 
@@ -416,7 +421,7 @@ class StepCompiler:
 
     def fail(self, exc: Exception, what: str) -> None:
         """Give up on the graph for good, in one line of the log: every later step runs eager."""
-        first_line = (str(exc).strip().splitlines() or [""])[0]
+        first_line = _first_line(exc)
         logger.warning("%s, steps stay eager: %s: %s", what, type(exc).__name__, first_line)
         logger.debug("compile failure", exc_info=exc)
         self.failed = True
@@ -444,7 +449,7 @@ class StepCompiler:
             except Exception as exc:
                 if cache_hits() == hits:
                     raise
-                first_line = (str(exc).strip().splitlines() or [""])[0]
+                first_line = _first_line(exc)
                 logger.warning(
                     "the %s's graph read from the compile cache could not be used (%s: %s): the cache is cleared "
                     "and the graph compiled afresh",
@@ -468,7 +473,7 @@ class StepCompiler:
                 return
             if remaking:  # the graph made before keeps running what it admits; no more tries
                 self.remakes = MAX_REMAKES + 1
-                first_line = (str(exc).strip().splitlines() or [""])[0]
+                first_line = _first_line(exc)
                 logger.warning("making the %s again failed: %s: %s", self.what, type(exc).__name__, first_line)
                 return
             self.fail(exc, f"compiling the {self.what} failed")
@@ -477,7 +482,7 @@ class StepCompiler:
 
     def _with_every_kernel(self, exc: Exception, bucket: Bucket | None) -> bool:
         """After the C++ templates alone could not make the graph: make it with every kernel (True once made)."""
-        first_line = (str(exc).strip().splitlines() or [""])[0]
+        first_line = _first_line(exc)
         logger.info(
             "the %s's linear layers as C++ templates alone did not compile (%s: %s): compiling with every kernel",
             self.what,
