@@ -71,6 +71,12 @@ class RowMask:
         own = self.query_columns
         return (columns <= own) & ((columns >= self.first_columns) | (columns == own))
 
+    def forget(self) -> None:
+        """Drop the masks built so far: a step called again over the same inputs builds them again. Through a
+        compiled graph the built mask is stored here after the call, and a call that finds one stored is refused by
+        the graph's guards (they saw none) and runs eager, reading the stored mask as a constant."""
+        self._additive.clear()
+
     def additive(self, window: Locality, kv_len: int) -> torch.Tensor:
         """The additive mask (0 = attend, dtype min = blocked); a window also hides keys `window` or more back, a
         chunk the keys of earlier chunks.
@@ -119,6 +125,12 @@ class PackedPlan:
     # Set: keys and values are the pools, read through these tables (`paged_decode`): one query row per new token
     # (a decode row's one, or each of a prompt chunk's).
     tables: torch.Tensor | None = None
+
+    def forget_masks(self) -> None:
+        """Drop every mask built for the step (`RowMask.forget`), before the step is called again."""
+        for mask in [self.single_mask, *(chunk.mask for chunk in self.chunks)]:
+            if mask is not None:
+                mask.forget()
 
 
 @dataclass

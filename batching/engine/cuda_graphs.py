@@ -93,13 +93,14 @@ class DecodeGraphs:
         bucket: tuple[int, int],
         inputs: list[torch.Tensor],
         plans: tuple[StepPlan, PackedPlan],
+        called: Outputs,
         run: Callable[[], Outputs],
         pools: list[torch.Tensor],
         slots: torch.Tensor,
-    ) -> Outputs:
-        """Answer the step through `run` (the compiled call over `inputs`), capture the bucket's graph from it, and
-        check one replay against that answer (see the module's docstring). Returns the call's outputs."""
-        outputs = run()
+    ) -> None:
+        """Capture the bucket's graph from `run` (the compiled call over `inputs` again, raising if it ran no graph),
+        the step already answered by that call (`called`), and check one replay against it (see the module's
+        docstring). On any failure the runner gives graphs up (`failed`)."""
         why = ""
         try:
             self._pool = self._pool or torch.cuda.graph_pool_handle()
@@ -113,7 +114,8 @@ class DecodeGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
                 static = run()
-            agreement = _replay_agreement(graph, static, outputs, pools, slots)
+            agreement = _replay_agreement(graph, static, called, pools, slots)
+            why = "" if agreement else ": its replay disagreed with the call"
         except Exception as exc:  # any failure means: no graphs, the compiled call as before
             logger.debug("CUDA graph capture failed", exc_info=exc)
             agreement = None
@@ -122,13 +124,12 @@ class DecodeGraphs:
             self.failed = True
             STATS["failed"] += 1
             logger.warning("a decode step's CUDA graph failed or disagreed with its compiled call, none used%s", why)
-            return outputs
+            return
         STATS[agreement] += 1
         hosts = [torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True) for tensor in inputs]
         self._graphs[bucket] = CapturedStep(graph, inputs, hosts, static, plans)
         STATS["captured"] += 1
         logger.info("decode step of %d rows over %d columns captured as a CUDA graph", *bucket)
-        return outputs
 
 
 def _replay_agreement(

@@ -114,12 +114,14 @@ def cache_frozen_mkldnn_weights() -> None:
     start's own freezing packs them again), and which its key describes by shape only. This lets its check and its
     key do for packed weights what they do for other frozen ones; `GraphCacheKey` adds the weights' digest.
     """
+    if not torch.__version__.startswith(CHECKED_TORCH):  # before reading them: other builds lack some (2.11 did)
+        return
     from torch._inductor import codecache
     from torch._inductor.freezing_utils import is_frozen_param
 
     validator, pickler = codecache.CacheabilityValidator, codecache.FxGraphCachePickler
     check_tensor, reduce_tensor = validator.check_tensor, pickler._reduce_tensor
-    if getattr(check_tensor, "batchscope", False) or not torch.__version__.startswith(CHECKED_TORCH):
+    if getattr(check_tensor, "batchscope", False):
         return
 
     def check_frozen_mkldnn(tensor: torch.Tensor) -> None:

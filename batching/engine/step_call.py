@@ -43,6 +43,10 @@ class StepAnswer:
     path: StepPath
 
 
+class GraphRefused(RuntimeError):
+    """A call that had to run through a compiled graph ran eager: the graph's guards refused it."""
+
+
 class StepCaller:
     """Calls built steps over one model and cache."""
 
@@ -95,20 +99,33 @@ class StepCaller:
     def capture(
         self, graphs: DecodeGraphs, bucket: Bucket, inputs: StepInputs, sources: list[torch.Tensor], step: Step
     ) -> StepAnswer:
-        """A decode step through `step`, captured as the bucket's CUDA graph (`sources`: the tensors the graph's
-        replays copy new values into)."""
+        """A decode step through `step`, then captured as the bucket's CUDA graph (`sources`: the tensors the graph's
+        replays copy new values into); not captured when the graphs' guards refused the step (it ran eager)."""
         assert isinstance(inputs.plan, PackedPlan)  # a decode step's
         plan, kwargs = inputs.plan, self.kwargs(inputs)
-        with watching_graph_calls() as seen:  # none seen: the graphs' guards refused the step, it ran eager
-            outputs = graphs.capture(
-                bucket,
-                sources,
-                (inputs.cache_plan, plan),
-                lambda: cast(Outputs, step(self.model, **kwargs)),
-                self.cache.pools(),
-                inputs.cache_plan.slots,
+        outputs, path = self._through_graphs(step, kwargs)
+        if path == "compiled":
+            called = cast(Outputs, tuple(outputs))
+            run = self.graph_run(step, kwargs, plan)
+            graphs.capture(
+                bucket, sources, (inputs.cache_plan, plan), called, run, self.cache.pools(), inputs.cache_plan.slots
             )
-        return _graph_answer(outputs, inputs.rows, "compiled" if seen else "eager")
+        return _graph_answer(cast(Outputs, tuple(outputs)), inputs.rows, path)
+
+    def graph_run(self, step: Step, kwargs: dict[str, Any], plan: PackedPlan) -> Callable[[], Outputs]:
+        """The step through its compiled graph again, as a capture runs it: the masks the last call built are dropped
+        first (kept, the graph's guards refuse the call, which then runs eager and would be captured reading them as
+        constants: every replay would attend with the capture's mask); raises `GraphRefused` if no graph ran."""
+
+        def run() -> Outputs:
+            plan.forget_masks()
+            with watching_graph_calls() as seen:
+                outputs = cast(Outputs, step(self.model, **kwargs))
+            if not seen:
+                raise GraphRefused("the compiled graph's guards refused the step, which ran eager")
+            return outputs
+
+        return run
 
     def _through_graphs(self, step: Step, kwargs: dict[str, Any]) -> tuple[Sequence[torch.Tensor], StepPath]:
         """The step through `step` (the graphs in run-only mode, `StepCompiler.graphs_only`): "compiled" when a graph

@@ -9,8 +9,9 @@ from dataclasses import replace
 
 import torch
 
+from batching.engine import paged_decode
 from batching.engine.batcher import Batcher, BatcherOptions
-from batching.engine.cuda_graphs import DecodeGraphs, _replay_agreement
+from batching.engine.cuda_graphs import DecodeGraphs, Outputs, _replay_agreement
 from tests.engine.helpers import loaded, random_prompts, reference, run_with_late_arrivals
 
 CAPS = [220, 3, 25, 180, 9, 60]  # histories from a few columns to the model's whole context (256): one bucket
@@ -39,6 +40,39 @@ def test_decode_steps_replay_cuda_graphs_on_a_gpu_and_never_on_a_cpu(family_mode
     # Each bucket's first step captured its graph (checked against the compiled call); every later one replayed it.
     assert not graphs.failed and graphs.captured == 1
     assert batcher.runner.compiled_steps == graphs.replayed + graphs.captured > 180
+
+
+class _CaptureRuns(DecodeGraphs):
+    """What a capture asks of the engine, on any machine: `run` called as a capture calls it (once on the capture's
+    stream, once while capturing), each time through the compiled graph (it raises if the graph's guards refused it)
+    and answering as the step's own call did. No graph is made: later steps are compiled calls."""
+
+    def capture(self, bucket, inputs, plans, called: Outputs, run, pools, slots) -> None:  # type: ignore[override]
+        self.called, self.runs = called, [run(), run()]
+        self.failed = True
+
+
+def test_a_capture_runs_the_step_through_its_graph_each_time_over_the_same_inputs(family_model_dirs, monkeypatch):
+    # A GPU's decode steps attend through additive masks, built once a step and kept on the step's mask: after a
+    # compiled call the mask is stored there, and a second call over the same inputs was refused by the graph's guards
+    # (they saw none stored), ran eager and was captured reading the stored mask as a constant: every replay attended
+    # with the capture's mask (an H100, 2026-11-28: request 0's token 7 in the test above). The capture's runs drop it.
+    monkeypatch.setattr(paged_decode, "ready", lambda: False)  # a GPU's attention: gathered blocks, additive masks
+    model = loaded(str(family_model_dirs["llama"]))
+    options = BatcherOptions(
+        max_batch_size=4, max_batched_tokens=24, max_seq_len=256, compile_steps=True, compile_autotune=False
+    )
+    batcher = Batcher(model.model, model.tokenizer, options)
+    runner = batcher.runner
+    assert runner.compiler is not None and runner.compiler.compile_now() is not None
+    graphs = runner.graphs = _CaptureRuns(4, runner.compiler.column_step, runner.compiler.columns(256))
+    prompts = random_prompts(3, vocab=300, seed=7, longest=20)
+    expected = [reference(model.model, p, 12, ignore_eos=True) for p in prompts]
+    outputs = run_with_late_arrivals(batcher, prompts, [12] * 3, late_from=3, join_at_step=0, ignore_eos=True)
+    assert [outputs[i] for i in range(3)] == expected
+    assert graphs.failed and len(graphs.runs) == 2  # one capture, at the first compiled decode step
+    for logits, greedy in graphs.runs:
+        assert torch.equal(logits, graphs.called[0]) and torch.equal(greedy, graphs.called[1])
 
 
 def test_a_bucket_holds_every_slot_and_columns_in_steps_of_256_up_to_the_runners_most() -> None:

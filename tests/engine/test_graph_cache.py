@@ -199,3 +199,14 @@ def test_the_key_changes_with_the_weights_the_dtype_and_the_engine_code_but_not_
     assert graph_cache_key(loaded(folder, dtype="bfloat16").model) != key
     monkeypatch.setattr(graph_cache, "engine_code_digest", lambda: "other code")
     assert graph_cache_key(loaded(folder).model) != key
+
+
+def test_on_another_torch_build_inductors_internals_are_left_unread_and_unpatched(monkeypatch) -> None:
+    # torch 2.11 (a GPU machine's) has no `CacheabilityValidator`: reading it before the version check failed there.
+    from torch._inductor import codecache
+
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.delattr(codecache, "CacheabilityValidator")
+    pickler = codecache.FxGraphCachePickler._reduce_tensor
+    graph_cache.cache_frozen_mkldnn_weights()
+    assert codecache.FxGraphCachePickler._reduce_tensor is pickler
