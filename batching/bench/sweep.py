@@ -178,12 +178,11 @@ def compile_graphs(loaded: LoadedModel, options: BatcherOptions) -> float | None
     total = 0.0
     for mode in MODES:
         runner = Batcher(loaded.model, loaded.tokenizer, options, mode=mode).runner
-        for compiler in (runner.compiler, runner.mixed_compiler):
-            if compiler is not None:
-                seconds = compiler.compile_now()
-                if seconds is None:
-                    raise SweepError(f"{compiler.what} could not be compiled (see the log above)")
-                total += seconds
+        for compiler in runner.compilers():
+            seconds = compiler.compile_now()
+            if seconds is None and not compiler.second:  # without a second graph, the main one takes every step
+                raise SweepError(f"{compiler.what} could not be compiled (see the log above)")
+            total += seconds or 0.0
     return total
 
 

@@ -122,24 +122,39 @@ def templates_only(model: torch.nn.Module, autotune: bool, kind: StepKind) -> bo
     """Whether `model`'s `kind` graph takes its linear layers from inductor's C++ GEMM templates only: an autotuned
     decode graph on a CPU of a model whose weights (every parameter with two dimensions or more) are linear layers'
     and embeddings', none over `TEMPLATES_ONLY_MAX_WEIGHT` elements in a linear layer."""
+    largest = _largest_linear(model, autotune, kind)
+    return largest is not None and largest <= TEMPLATES_ONLY_MAX_WEIGHT
+
+
+def templates_beside(model: torch.nn.Module, autotune: bool, kind: StepKind) -> bool:
+    """Whether `model`'s `kind` steps have a second graph, its linear layers from the C++ templates only, beside the
+    main one (which autotuning's mix keeps): as `templates_only`, for a model with a linear weight over the limit.
+    Steps of few rows stream the weights faster through the templates, full batches through the mix: each row
+    count's steps take the faster graph, timed (`graph_choice`)."""
+    largest = _largest_linear(model, autotune, kind)
+    return largest is not None and largest > TEMPLATES_ONLY_MAX_WEIGHT
+
+
+def _largest_linear(model: torch.nn.Module, autotune: bool, kind: StepKind) -> int | None:
+    """The elements of `model`'s largest linear weight where its `kind` graph may take the C++ templates alone (an
+    autotuned decode graph on a CPU of a model whose matrices are linear layers' and embeddings'), else None."""
     if not autotune or kind != "decode" or next(model.parameters()).device.type != "cpu":
-        return False
+        return None
     linear = {
         id(module.weight): module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear)
     }
     embedding = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Embedding)}
     matrices = [parameter for parameter in model.parameters() if parameter.dim() >= 2]
     if not linear or any(id(weight) not in linear and id(weight) not in embedding for weight in matrices):
-        return False
-    return max(linear.values()) <= TEMPLATES_ONLY_MAX_WEIGHT
+        return None
+    return max(linear.values())
 
 
 _compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[bool, StepKind, bool], Callable[..., object]]] = (
     weakref.WeakKeyDictionary()
 )
-_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, int, bool, StepKind], StepCompiler]] = (
-    weakref.WeakKeyDictionary()
-)
+CompilerKey = tuple[int, int, bool, StepKind, bool | None]  # capacity, block size, autotune, kind, second graph
+_compilers: weakref.WeakKeyDictionary[torch.nn.Module, dict[CompilerKey, StepCompiler]] = weakref.WeakKeyDictionary()
 _lock = threading.RLock()
 _model_numbers = itertools.count()
 _compiles_may_run = threading.Event()
@@ -261,17 +276,24 @@ MAX_REMAKES = 3
 
 
 def step_compiler(
-    model: PreTrainedModel, capacity: int, block_size: int, autotune: bool, warm: Warm, kind: StepKind = "decode"
+    model: PreTrainedModel,
+    capacity: int,
+    block_size: int,
+    autotune: bool,
+    warm: Warm,
+    kind: StepKind = "decode",
+    templates: bool | None = None,
 ) -> StepCompiler:
     """The compiler of this model's decode steps (or steps with prompt chunks) for a slot count and block size:
     batchers of one shape share it (a race's two lanes, whatever their context and pool), so a batcher made after
-    another finds the graph ready."""
+    another finds the graph ready. `templates`: the second decode graph, from the C++ templates only
+    (`templates_beside`); None: the main graph, its kernels as `templates_only` says."""
     with _lock:
         compilers = _compilers.setdefault(model, {})
-        key = (capacity, block_size, autotune, kind)
+        key = (capacity, block_size, autotune, kind, templates)
         compiler = compilers.get(key)
         if compiler is None:
-            compiler = compilers[key] = StepCompiler(model, capacity, block_size, autotune, warm, kind)
+            compiler = compilers[key] = StepCompiler(model, capacity, block_size, autotune, warm, kind, templates)
         return compiler
 
 
@@ -287,12 +309,13 @@ class CompileState:
 
 
 def compile_state(model: PreTrainedModel, enabled: bool) -> CompileState:
-    """The state of every decode graph of `model`: failed if any failed, compiling while any is being made."""
+    """The state of every decode graph of `model`: failed if any failed, compiling while any is being made. A second
+    graph that failed is left out: the main one runs every step (`templates_beside`)."""
     if not enabled:
         return CompileState("off")
     with _lock:
         compilers = list(_compilers.get(model, {}).values())
-    started = [compiler for compiler in compilers if compiler.started]
+    started = [compiler for compiler in compilers if compiler.started and not (compiler.second and compiler.failed)]
     if any(compiler.failed for compiler in started):
         return CompileState("failed")
     if not started:
@@ -322,8 +345,12 @@ class StepCompiler:
         autotune: bool,
         warm: Warm,
         kind: StepKind = "decode",
+        templates: bool | None = None,
     ) -> None:
-        self.templates = templates_only(model, autotune, kind)
+        # The main graph's kernels follow `templates_only`, and where the templates alone cannot make it, it is made
+        # with every kernel; a second graph (`templates` set: `templates_beside`) is the templates' or nothing.
+        self.second = templates is not None
+        self.templates = templates_only(model, autotune, kind) if templates is None else templates
         self.forward = compiled_forward(model, autotune, kind, self.templates)
         model_ref = weakref.ref(model)  # the compilers of a model are kept beside it, weakly: no cycle through here
         self._every_kernel = lambda: compiled_forward(cast(PreTrainedModel, model_ref()), autotune, kind)
@@ -468,7 +495,7 @@ class StepCompiler:
                 if remaking and bucket is not None:
                     self._trace(None, first=False)
         except Exception as exc:  # a model (or a machine without a C++ compiler) that cannot compile stays eager
-            if self.templates and not remaking and self._with_every_kernel(exc, bucket):
+            if self.templates and not self.second and not remaking and self._with_every_kernel(exc, bucket):
                 self._done(start, hits, remaking)
                 return
             if remaking:  # the graph made before keeps running what it admits; no more tries
@@ -521,4 +548,5 @@ class StepCompiler:
 
     @property
     def what(self) -> str:
-        return "decode step" if self.kind == "decode" else "prompt step"
+        what = "decode step" if self.kind == "decode" else "prompt step"
+        return f"C++-template {what}" if self.second else what

@@ -7,6 +7,7 @@ to eager for a step a graph fails or refuses. Graphs are made off the serving pa
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -17,9 +18,10 @@ from transformers import PreTrainedModel
 import batching.engine.paged_decode as paged_decode
 from batching.engine.attention import use_packed_attention
 from batching.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool
-from batching.engine.compiled import Bucket, StepCompiler, fits_prompt_graph, step_compiler
+from batching.engine.compiled import Bucket, StepCompiler, fits_prompt_graph, step_compiler, templates_beside
 from batching.engine.cuda_graphs import DecodeGraphs
 from batching.engine.events import StepPath
+from batching.engine.graph_choice import Graph, GraphChoice
 from batching.engine.kv_cache import PagedKVCache
 from batching.engine.mask_view import StepMask
 from batching.engine.model_support import check_supported, kv_layers
@@ -83,6 +85,10 @@ class ModelRunner:
             self.caller = StepCaller(model, self.cache, cache_kwarg(model))
         self.compiler: StepCompiler | None = None
         self.mixed_compiler: StepCompiler | None = None  # steps with prompt chunks (`fits_prompt_graph`)
+        # A second decode graph, from the C++ GEMM templates alone, where a model has one (`templates_beside`), and
+        # which of the two each row count's steps take (`graph_choice`).
+        self.templates_compiler: StepCompiler | None = None
+        self.graph_choice = GraphChoice()
         self.graphs: DecodeGraphs | None = None  # on a GPU: compiled decode steps replayed (`cuda_graphs`)
         if compile_steps:
             # A hybrid's mixers run each prompt chunk on its own: eager.
@@ -105,10 +111,18 @@ class ModelRunner:
         making its graphs on a scratch runner of the same shape."""
         # A weak reference: the compiler is a value of a weak dictionary keyed by this model.
         make = partial(_scratch_runner, weakref.ref(self.model), capacity, max_len, pad_token_id, block_size)
-        self.compiler = step_compiler(self.model, capacity, block_size, autotune, partial(warm_decode, make))
+        warm = partial(warm_decode, make)
+        self.compiler = step_compiler(self.model, capacity, block_size, autotune, warm)
+        if templates_beside(self.model, autotune, "decode"):
+            self.templates_compiler = step_compiler(self.model, capacity, block_size, autotune, warm, templates=True)
         if prompt_steps:
             warm = partial(warm_mixed, make, capacity, max_len)
             self.mixed_compiler = step_compiler(self.model, capacity, block_size, autotune, warm, kind="mixed")
+
+    def compilers(self) -> list[StepCompiler]:
+        """Every compiler this runner's steps go through: what a server makes before it listens."""
+        compilers = (self.compiler, self.templates_compiler, self.mixed_compiler)
+        return [compiler for compiler in compilers if compiler is not None]
 
     @property
     def describe_masks(self) -> bool:
@@ -162,9 +176,10 @@ class ModelRunner:
 
     def _decode(self, packed: PackedStep) -> StepAnswer:
         """A decode step: compiled when the graph is ready, else eager (and the graph is made meanwhile); a step the
-        graph's guards refuse runs eager and the graph is made again for its shape in the background."""
+        graph's guards refuse runs eager and the graph is made again for its shape in the background. Where the model
+        has a second decode graph (`templates_compiler`), the step takes the one its row count runs faster on."""
         tokens, positions, slots = packed.input_ids, packed.positions, packed.write_slots
-        compiler = self.compiler
+        compiler, graph = self._decode_graph(len(tokens))
         if compiler is None:
             return self.decode_with(tokens, positions, slots, None, None)
         bucket = compiler.bucket(len(tokens), max(self.cache.lengths[: len(tokens)]) + 1)
@@ -173,12 +188,13 @@ class ModelRunner:
             return self.decode_with(tokens, positions, slots, None, None)
         states = self.cache.recurrent_states
         kept = states.kept(len(tokens)) if states is not None else None
+        start = time.perf_counter()
         try:
-            answer = self.decode_with(tokens, positions, slots, step, bucket)
+            answer = self.decode_with(tokens, positions, slots, step, bucket, compiler)
         except Exception as exc:  # e.g. a guard failed and dynamo could not re-trace: no request pays for it
             # Rerunning eager is safe: the cache's lengths move only after a step, and its writes repeat; a hybrid's
             # states, which the step advances, are put back as they were before it.
-            compiler.fail(exc, "a compiled decode step failed")
+            compiler.fail(exc, f"a compiled {compiler.what} failed")
             if states is not None and kept is not None:
                 states.restore(kept)
             return self.decode_with(tokens, positions, slots, None, None)
@@ -186,7 +202,21 @@ class ModelRunner:
             compiler.missed(bucket)
         else:
             self.compiled_steps += 1
+            if graph is not None:
+                self.graph_choice.record(len(tokens), graph, time.perf_counter() - start)
         return answer
+
+    def _decode_graph(self, rows: int) -> tuple[StepCompiler | None, Graph | None]:
+        """The compiler of a decode step of `rows` rows, and which of two graphs it is when there are two and both
+        are ready (else None): the one `graph_choice` picks. The second graph is made once the main one is."""
+        main, second = self.compiler, self.templates_compiler
+        if main is None or second is None or second.failed or not main.ready:
+            return main, None
+        if not second.ready:
+            second.start()
+            return main, None
+        graph = self.graph_choice.pick(rows)
+        return (second if graph == "templates" else main), graph
 
     def decode_with(
         self,
@@ -195,11 +225,13 @@ class ModelRunner:
         slots: list[int],
         step: Callable[..., object] | None,
         bucket: Bucket | None,
+        compiler: StepCompiler | None = None,
         trace: bool = False,
     ) -> StepAnswer:
         """A step where every row decodes one token: eager, rows exact and reading the longest row's blocks;
-        through `step`, padded to `bucket` (rows and columns, which the graph keeps symbolic); on a GPU, replayed
-        from the bucket's CUDA graph once captured (`cuda_graphs`: buckets of every slot count and 256 columns)."""
+        through `step`, padded to `bucket` (rows and columns, which the graph keeps symbolic), called directly once
+        `compiler`'s direct call is made (default: the main decode graph's); on a GPU, replayed from the bucket's
+        CUDA graph once captured (`cuda_graphs`: buckets of every slot count and 256 columns)."""
         cache, rows = self.cache, len(tokens)
         graphs = self.graphs if step is not None and not trace and self.graphs is not None else None
         if graphs is not None and not graphs.failed:
@@ -218,7 +250,7 @@ class ModelRunner:
         self.last_mask = inputs.mask
         if graphs is not None and bucket is not None and step is not None:
             return self.caller.capture(graphs, bucket, inputs, sources, step)
-        return self.caller(inputs, step, self.compiler, trace)
+        return self.caller(inputs, step, compiler or self.compiler, trace)
 
     def _mixed(self, packed: PackedStep) -> StepAnswer:
         """A step with prompt chunks: through the prompt graph when it is ready and the step is one it wins on

@@ -33,7 +33,9 @@ MARGIN = 0.05  # more threads are kept only when at least this much faster than 
 COMPILED_MARGIN = 1.0
 ROWS = 8  # decode rows the probe steps (the batchers' default slot count)
 ROUNDS = 3  # each count timed this many times, in turn with the others
-STEPS = 4  # decode steps per timing
+STEPS = 4  # decode steps per timing at most: fewer where one step lasts over a quarter of `CALL_S`
+CALL_S = 0.05  # what one timing should last: a large model's eager step (0.2 s at the 0.5B shape) is timed alone,
+# so the probe takes 3 s of a server's start there, not 11
 
 
 def counts_up_to(most: int) -> list[int]:
@@ -90,14 +92,17 @@ def time_counts(
     return {count: statistics.median(times) for count, times in taken.items()}
 
 
-def decode_work(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, calls: int) -> Callable[[], None]:
-    """`STEPS` real decode steps of `ROWS` rows of `model` per call, for `calls` calls (eager, a KV pool of its own
-    just big enough), the rows' prompts computed before the first."""
+def decode_work(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, calls: int
+) -> tuple[Callable[[], None], int]:
+    """Real decode steps of `ROWS` rows of `model` for `calls` calls (eager, a KV pool of its own just big enough), the
+    rows' prompts computed before the first; and the steps each call takes: as many of `STEPS` as fit in `CALL_S`,
+    at least one, by one step timed first."""
     from batching.engine.batcher import Batcher  # the batcher imports this module's users, not this module
     from batching.engine.options import BatcherOptions
     from batching.engine.params import RequestParams
 
-    cap = calls * STEPS + 1
+    cap = calls * STEPS + 2
     options = BatcherOptions(
         max_batch_size=ROWS, max_batched_tokens=512, step_detail=False, kv_cache_tokens=ROWS * (cap + 64)
     )
@@ -106,12 +111,15 @@ def decode_work(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, call
         batcher.add(f"Question {index}: how do threads share a step?", RequestParams(cap, ignore_eos=True))
     while len(batcher.running) < ROWS or not all(request.output_ids for request in batcher.running.values()):
         batcher.step()  # the prompts, until every row decodes
+    start = time.perf_counter()
+    batcher.step()
+    steps = max(1, min(STEPS, round(CALL_S / (time.perf_counter() - start))))
 
     def work() -> None:
-        for _ in range(STEPS):
+        for _ in range(steps):
             batcher.step()
 
-    return work
+    return work, steps
 
 
 @dataclass(frozen=True)
@@ -144,9 +152,10 @@ def pick_threads(
         return ThreadChoice(most, most, {})
     counts = counts_up_to(most)
     with torch.inference_mode():
-        seconds = time_counts(decode_work(model, tokenizer, 2 * ROUNDS * len(counts)), counts)
+        work, steps = decode_work(model, tokenizer, 2 * ROUNDS * len(counts))
+        seconds = time_counts(work, counts)
     choice = ThreadChoice(
-        choose(seconds, compiled=compiled), most, {count: took / STEPS for count, took in seconds.items()}
+        choose(seconds, compiled=compiled), most, {count: took / steps for count, took in seconds.items()}
     )
     logger.info("%s", choice.line())
     return choice

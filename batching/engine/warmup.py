@@ -33,6 +33,7 @@ class Scratch(Protocol):
         slots: list[int],
         step: Callable[..., object] | None,
         bucket: Bucket | None,
+        compiler: StepCompiler | None = None,
         trace: bool = False,
     ) -> StepAnswer: ...
 
@@ -73,8 +74,9 @@ def warm_decode(
     for count in range(2, rows):
         scratch.decode_with([pad] * count, [0] * count, slots[:count], forward, (count, columns))
     if compiler is not None:
-        scratch.compiler = compiler
-        make_direct_call(compiler, lambda step: scratch.decode_with([pad] * rows, [0] * rows, slots, step, bucket))
+        make_direct_call(
+            compiler, lambda step: scratch.decode_with([pad] * rows, [0] * rows, slots, step, bucket, compiler)
+        )
 
 
 # The prompt graph's linear layers are autotuned at the step it is traced with: inductor times each kernel for that

@@ -145,20 +145,21 @@ def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str
     # The graphs do not depend on the pool's size (they are traced on a scratch pool): the smallest will do.
     small = dataclasses.replace(options, kv_blocks=options.max_batch_size, kv_cache_tokens=None, kv_cache_mb=None)
     runner = Batcher(loaded.model, loaded.tokenizer, small).runner
-    parts: list[tuple[str, Callable[[], bool]]] = []  # what, and how to make it (True: made)
+    eager = "failed: its steps run eager (see the log)"
+    parts: list[tuple[str, Callable[[], bool], str]] = []  # what, how to make it (True: made), what failing means
     if runner.reads_through_tables:
-        parts.append(("the paged-decode operator", paged_decode.load))
-    for compiler in (runner.compiler, runner.mixed_compiler):
-        if compiler is not None:
-            what = f"the graph of {compiler.what}s of {compiler.capacity} rows"
-            parts.append((what, functools.partial(_made, compiler)))
+        parts.append(("the paged-decode operator", paged_decode.load, eager))
+    for compiler in runner.compilers():
+        what = f"the graph of {compiler.what}s of {compiler.capacity} rows"
+        failed = "failed: every decode step takes the other graph (see the log)" if compiler.second else eager
+        parts.append((what, functools.partial(_made, compiler), failed))
     started = time.perf_counter()
-    for number, (what, make) in enumerate(parts, 1):
+    for number, (what, make, failed) in enumerate(parts, 1):
         bar = "#" * (number - 1) + "." * (len(parts) - number + 1)
         say(f"compiling [{bar}] {number}/{len(parts)}: {what}")
         start, hits = time.perf_counter(), cache_hits()
         made = make()
-        outcome = f"in {time.perf_counter() - start:.1f} s" if made else "failed: its steps run eager (see the log)"
+        outcome = f"in {time.perf_counter() - start:.1f} s" if made else failed
         if made and cache_hits() > hits:
             outcome += " (read from the compile cache)"
         say(f"compiled  [{'#' * number}{'.' * (len(parts) - number)}] {number}/{len(parts)}: {what} {outcome}")

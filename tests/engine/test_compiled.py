@@ -30,6 +30,7 @@ from batching.engine.compiled import (
     StepCompiler,
     fits_prompt_graph,
     pause_compiles,
+    templates_beside,
     templates_only,
 )
 from batching.engine.events import Event, StepEvent, TokenEvent
@@ -79,6 +80,45 @@ def test_small_models_decode_graphs_take_the_cpp_templates_only_when_autotuned_o
     assert not templates_only(wide, autotune=True, kind="decode")  # one linear weight over the limit
     gpt2 = GPT2LMHeadModel(TINY_CONFIGS["gpt2"])  # its projections are Conv1D weights, not linear layers
     assert not templates_only(gpt2, autotune=True, kind="decode")
+
+
+def test_a_large_models_decode_graph_keeps_the_mix_and_gets_a_second_one_from_the_templates() -> None:
+    wide = LlamaForCausalLM(replace(TINY_CONFIGS["llama"], intermediate_size=TEMPLATES_ONLY_MAX_WEIGHT // 64 + 1))
+    assert templates_beside(wide, autotune=True, kind="decode") and not templates_only(wide, True, "decode")
+    assert not templates_beside(wide, autotune=False, kind="decode")
+    assert not templates_beside(wide, autotune=True, kind="mixed")
+    small = LlamaForCausalLM(TINY_CONFIGS["llama"])
+    assert not templates_beside(small, autotune=True, kind="decode")  # its one graph is the templates' already
+    assert not templates_beside(GPT2LMHeadModel(TINY_CONFIGS["gpt2"]), autotune=True, kind="decode")
+
+
+def test_each_row_counts_decode_steps_take_the_faster_of_two_graphs_token_for_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A model over the limit has a main decode graph (autotuning's mix) and a second from the C++ templates alone;
+    # each row count's first steps alternate between the two, then the faster takes them (`graph_choice`, tested
+    # with given times). The limit lowered, a tiny model has both; its main graph's autotuning is ATen's kernels alone.
+    monkeypatch.setattr(compiled, "TEMPLATES_ONLY_MAX_WEIGHT", 0)
+    monkeypatch.setitem(compiled.AUTOTUNE_OPTIONS, "max_autotune_gemm_backends", "ATEN")
+    model = loaded(str(save_tiny_models(tmp_path, {"llama": TINY_CONFIGS["llama"]})["llama"]))
+    options = BatcherOptions(max_batch_size=4, max_batched_tokens=24, max_seq_len=128, compile_steps=True)
+    batcher = Batcher(model.model, model.tokenizer, options)
+    runner = batcher.runner
+    main, second = runner.compiler, runner.templates_compiler
+    assert main is not None and second is not None and runner.compilers() == [main, second]
+    assert not main.templates and second.templates and second.what == "C++-template decode step"
+    assert all(compiler.compile_now() is not None for compiler in runner.compilers())
+    prompts = random_prompts(len(CAPS), vocab=300, seed=6, longest=30)
+    expected = [reference(model.model, p, c, ignore_eos=True) for p, c in zip(prompts, CAPS, strict=True)]
+    events: list[Event] = []
+    outputs = run_with_late_arrivals(
+        batcher, prompts, CAPS, late_from=4, join_at_step=3, ignore_eos=True, events=events
+    )
+    for i, want in enumerate(expected):
+        assert outputs[i] == want, f"request {i} (prompt {len(prompts[i])}, cap {CAPS[i]}) differs"
+    # Full batches (4 rows) and the last request alone (1 row) ran on both graphs before one was chosen for each.
+    assert {1, 4} <= set(runner.graph_choice.chosen())
+    assert {step.path for step in steps_of(events)} >= {"direct"} and not second.failed
 
 
 def test_a_decode_graph_the_templates_cannot_make_alone_is_made_with_every_kernel(
