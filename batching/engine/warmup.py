@@ -17,13 +17,12 @@ from batching.engine.step_inputs import PackedStep
 
 
 class Scratch(Protocol):
-    """What a warm-up needs of a runner: its cache and builder, and its two compiled step kinds, traced; the
-    compilers its steps go through (a scratch runner has none until the warm-up makes a direct call)."""
+    """What a warm-up needs of a runner: its cache and builder, and its two compiled step kinds, traced; the prompt
+    steps' compiler (a scratch runner has none until the warm-up makes a direct call; a decode step is given its)."""
 
     cache: PagedKVCache
     builder: StepBuilder
     reads_through_tables: bool
-    compiler: StepCompiler | None
     mixed_compiler: StepCompiler | None
 
     def decode_with(
