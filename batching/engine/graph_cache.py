@@ -114,7 +114,9 @@ def cache_frozen_mkldnn_weights() -> None:
     its cache for every such graph and each start compiled again. It never needs to pickle them: they are frozen
     parameters, which a cached graph does not store but takes from the graph being compiled when it is loaded (the
     start's own freezing packs them again), and which its key describes by shape only. This lets its check and its
-    key do for packed weights what they do for other frozen ones; `GraphCacheKey` adds the weights' digest.
+    key do for packed weights what they do for other frozen ones; `GraphCacheKey` adds the weights' digest. The
+    constants a cached graph does store (the C++ templates' packed weights) are written as raw bytes
+    (`_StoragePickler`).
     """
     if not torch.__version__.startswith(CHECKED_TORCH):  # before reading them: other builds lack some (2.11 did)
         return
@@ -167,6 +169,7 @@ class _GraphPickle:
 
     @staticmethod
     def dumps(obj: Any, protocol: int | None = None, **kwargs: Any) -> bytes:
+        # Protocol 5 whatever is asked: the storages' bytes go in as buffers, read back as writable bytearrays.
         buffer = io.BytesIO()
         _StoragePickler(buffer, protocol=5, **kwargs).dump(obj)
         return buffer.getvalue()

@@ -104,15 +104,15 @@ class StepCaller:
         assert isinstance(inputs.plan, PackedPlan)  # a decode step's
         plan, kwargs = inputs.plan, self.kwargs(inputs)
         outputs, path = self._through_graphs(step, kwargs)
+        called = cast(Outputs, tuple(outputs))
         if path == "compiled":
-            called = cast(Outputs, tuple(outputs))
-            run = self.graph_run(step, kwargs, plan)
+            run = self._graph_run(step, kwargs, plan)
             graphs.capture(
                 bucket, sources, (inputs.cache_plan, plan), called, run, self.cache.pools(), inputs.cache_plan.slots
             )
-        return _graph_answer(cast(Outputs, tuple(outputs)), inputs.rows, path)
+        return _graph_answer(called, inputs.rows, path)
 
-    def graph_run(self, step: Step, kwargs: dict[str, Any], plan: PackedPlan) -> Callable[[], Outputs]:
+    def _graph_run(self, step: Step, kwargs: dict[str, Any], plan: PackedPlan) -> Callable[[], Outputs]:
         """The step through its compiled graph again, as a capture runs it: the masks the last call built are dropped
         first (kept, the graph's guards refuse the call, which then runs eager and would be captured reading them as
         constants: every replay would attend with the capture's mask); raises `GraphRefused` if no graph ran."""
