@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from transformers import AutoConfig, PretrainedConfig
 from transformers.utils import is_gptqmodel_available, is_optimum_available
 
@@ -60,6 +61,16 @@ def require_gptq(why: str = f"{USE_GPTQ_SETTING}=true") -> None:
             f"{why} needs the GPTQ backend ({', '.join(missing)} not installed): pip install -r requirements-gptq.txt"
         )
     prepare_gptqmodel()
+
+
+def quantized_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's quantised linear layers (gptqmodel's kernels: packed `qweight`, no `.weight`)."""
+    return [module for module in model.modules() if hasattr(module, "qweight") and hasattr(module, "in_features")]
+
+
+def layer_width(layer: torch.nn.Module) -> tuple[int, int]:
+    """A quantised layer's (in, out) features."""
+    return int(getattr(layer, "in_features")), int(getattr(layer, "out_features"))  # noqa: B009
 
 
 def folder_quantization(folder: Path) -> str | None:
@@ -162,6 +173,9 @@ def quantize(
             model.quantize(texts, batch_size=8)
             model.save(str(staging))
         _keep_generation_defaults(source, revision, staging)
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp's folder is private; the copy is an ordinary folder
         if out.exists():
             shutil.rmtree(out)
         staging.rename(out)

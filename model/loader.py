@@ -294,10 +294,16 @@ def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | 
         device=model.device,
         dtype=dtype,
         name=settings.name_or_path,
-        num_parameters=model.num_parameters(),
+        num_parameters=_parameter_count(model),
         load_seconds=seconds,
         weights=weights,
     )
+
+
+def _parameter_count(model: PreTrainedModel) -> int:
+    """Parameters as the model was trained: a quantised layer's packed weights count as its in x out weights."""
+    widths = [gptq.layer_width(layer) for layer in gptq.quantized_layers(model)]
+    return model.num_parameters() + sum(inputs * outputs for inputs, outputs in widths)
 
 
 def _prepare_quantized_layers(model: PreTrainedModel) -> None:
@@ -305,6 +311,14 @@ def _prepare_quantized_layers(model: PreTrainedModel) -> None:
     branch torch.compile cannot trace, so it happens here, before any step is compiled."""
     with torch.inference_mode():
         model(torch.tensor([[model.config.bos_token_id or 0]], device=model.device))
+
+
+def runs_gptq(settings: ModelSettings) -> bool:
+    """Whether loading these settings runs gptqmodel: a GPTQ folder, quantising on load, or `builtin-4bit`."""
+    if settings.use_gptq or settings.name_or_path == BUILTIN_4BIT_NAME:
+        return True
+    source = Path(resolve_source(settings.name_or_path))
+    return source.is_dir() and gptq.folder_quantization(source) is not None
 
 
 def _weights_source(settings: ModelSettings, source: str, local: bool) -> str:

@@ -52,6 +52,7 @@ class EngineInfo:
     geometry: PoolGeometry  # what sizes a batcher's KV pool and bounds its requests (`Admission` checks by it)
     features: str = ""  # the attention features in use, e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
     threads: str = ""  # how many torch threads the engine runs on, and why (`engine.threads.ThreadChoice.line`)
+    weights: str = ""  # the weights' precision and bytes, e.g. "4-bit GPTQ, group 128 weights, 3.2 MiB"
 
 
 # --- client -> engine -----------------------------------------------------------------------------------------

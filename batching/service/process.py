@@ -128,6 +128,7 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         load_seconds=loaded.load_seconds,
         pid=os.getpid(),
         features=attention_features(loaded.model),
+        weights=loaded.weights.line(),
         threads=choice.line(),
         geometry=PoolGeometry.of(loaded.model),
     )
