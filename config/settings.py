@@ -197,6 +197,13 @@ class ServerSettings(BaseModel):
     port: int | None = Field(None, ge=1, le=65535, description="also serve the API from the Streamlit process")
     api_key: str | None = Field(None, min_length=1, description="require `Authorization: Bearer <key>`")
     served_model_name: str | None = Field(None, min_length=1, description="the model id clients use; default: its name")
+    max_body_bytes: int = Field(
+        2_000_000,
+        ge=1024,
+        le=2**31 - 1,
+        description="a request body over this many bytes is refused (413) before it is read; TGI's default payload "
+        "limit",
+    )
 
 
 class RemoteSettings(BaseModel):

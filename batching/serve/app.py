@@ -7,6 +7,7 @@ and the OpenAPI schema documents every status and content type the routes answer
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -29,6 +30,7 @@ from batching.engine.events import FinishedEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.serve import responses
+from batching.serve.body_limit import BodyLimit
 from batching.serve.gateway import Gateway, Stream
 from batching.serve.metrics import FINISH_REASONS
 from batching.serve.schemas import (
@@ -54,6 +56,7 @@ class ApiConfig:
     default_max_tokens: int
     sampling: SamplingDefaults
     api_key: str | None = None
+    max_body_bytes: int | None = None  # a larger body is a 413 before anything reads it
 
 
 class ApiError(Exception):
@@ -79,6 +82,8 @@ class ApiError(Exception):
 
 def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: ApiConfig) -> FastAPI:
     app = FastAPI(title="Batchscope", summary="An OpenAI-compatible API over Batchscope's continuous batcher")
+    if config.max_body_bytes is not None:
+        app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     _install_error_handlers(app)
     _install_auth(app, config.api_key)
 
@@ -98,12 +103,12 @@ def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: Api
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        prompt = body.one_prompt()
-        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else prompt
-        return await _generate(gateway, config, body, ids, "text_completion", request)
+        prompt = functools.partial(_completion_prompt, tokenizer, body.one_prompt())
+        return await _generate(gateway, config, body, prompt, "text_completion", request)
 
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _generate(gateway, config, body, _chat_prompt(tokenizer, body), "chat.completion", request)
+        prompt = functools.partial(_chat_prompt, tokenizer, body)
+        return await _generate(gateway, config, body, prompt, "chat.completion", request)
 
     # FastAPI reads each body's type from the annotation: this server's, whose fields carry its limits
     completion_body, chat_body = served_models(config.limits)
@@ -141,6 +146,14 @@ def _openapi(app: FastAPI, bodies: tuple[type[BaseModel], ...], keyed: bool) -> 
     return app.openapi_schema
 
 
+def _completion_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[int]) -> list[int]:
+    """A completion's prompt as token ids: text tokenised as `generate` would (with the model's BOS, if any)."""
+    if isinstance(prompt, list):
+        return prompt
+    ids: list[int] = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    return ids
+
+
 def _chat_prompt(tokenizer: PreTrainedTokenizerBase, body: ChatCompletionRequest) -> list[int]:
     """The conversation through the tokenizer's chat template, tokenised as the template wrote it (no extra BOS)."""
     if not tokenizer.chat_template:
@@ -154,25 +167,35 @@ def _chat_prompt(tokenizer: PreTrainedTokenizerBase, body: ChatCompletionRequest
 
 
 async def _generate(
-    gateway: Gateway, config: ApiConfig, body: GenerationFields, prompt: list[int], kind: str, request: Request
+    gateway: Gateway,
+    config: ApiConfig,
+    body: GenerationFields,
+    prompt_ids: Callable[[], list[int]],
+    kind: str,
+    request: Request,
 ) -> Response:
     limits = config.limits
     if body.model is not None and body.model != limits.model_id:
         raise ApiError(400, f"model={body.model!r} is not served here: use {limits.model_id!r}", "model")
-    cap = body.cap(config.default_max_tokens)
-    room = limits.window - len(prompt)
-    if room >= 1:  # else the prompt is too long, and the engine's check says so
-        cap = min(cap, room)
+
+    def prepare() -> tuple[list[int], RequestParams]:
+        """The prompt's ids (tokenised or rendered: work in proportion to the body) and the engine's parameters."""
+        prompt = prompt_ids()
+        cap = body.cap(config.default_max_tokens)
+        room = limits.window - len(prompt)
+        if room >= 1:  # else the prompt is too long, and the engine's check says so
+            cap = min(cap, room)
+        return prompt, body.request_params(cap, config.sampling)
+
     try:
-        params = body.request_params(cap, config.sampling)
-        stream = gateway.submit(prompt, params)
+        stream = await gateway.submit(prepare)
     except QueueFullError as exc:
         raise ApiError(429, str(exc), None, "rate_limit_error") from None
     except RuntimeError as exc:
         raise ApiError(503, str(exc), None, "server_error") from None
     except ValueError as exc:
         raise ApiError(400, str(exc), _param_of(str(exc), kind)) from None
-    reply = _Reply(kind, limits.model_id, stream, params, gateway)
+    reply = _Reply(kind, limits.model_id, stream, stream.request.params, gateway)
     if body.stream:
         options = body.stream_options
         usage = bool(options and options.include_usage), bool(options and options.continuous_usage_stats)

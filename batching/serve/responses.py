@@ -125,6 +125,7 @@ def generation(answer: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
             "(named), a value out of range, another model's name, a prompt beyond the context"
         ),
         401: _AUTH,
+        413: _error("A body over the server's limit (`BATCHSCOPE_SERVER__MAX_BODY_BYTES`), refused before it is read"),
         429: _error("The engine is full (`BATCHSCOPE_LIMITS__MAX_QUEUE_TOTAL`): try again in a moment"),
         499: {"description": "The client went away before the answer was done (it never reads this)"},
         500: _FAULT,

@@ -49,7 +49,8 @@ def api_config(settings: Settings, service: EngineClient, options: BatcherOption
         window=window,
     )
     sampling = sampling_defaults(settings.model)
-    return ApiConfig(limits, settings.generation.max_new_tokens, sampling, settings.server.api_key)
+    server = settings.server
+    return ApiConfig(limits, settings.generation.max_new_tokens, sampling, server.api_key, server.max_body_bytes)
 
 
 def sampling_defaults(model: ModelSettings) -> SamplingDefaults:

@@ -176,6 +176,9 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server: str) -> Non
         ("/v1/completions", {"prompt": "hi", "stream": 1}, "stream", "valid boolean"),
         ("/v1/completions", {"prompt": "hello " * 2000}, "prompt", "allowed: shorten it"),
         ("/v1/completions", {"prompt": "hi", "stop": [""]}, "stop.0", "at least 1 character"),
+        ("/v1/completions", {"prompt": "hi", "stop": ["x"] * 10_000}, "stop", "at most 64 items"),
+        ("/v1/completions", {"prompt": "hi", "stop": "x" * 513}, "stop", "at most 512 characters"),
+        ("/v1/completions", {"prompt": "hi", "stop": ["a", "x" * 513]}, "stop.1", "at most 512 characters"),
         ("/v1/completions", {"prompt": "hi", "seed": 2**64}, "seed", "less than or equal to 9223372036854775807"),
         ("/v1/completions", {"max_tokens": 3}, "prompt", "Field required"),
         ("/v1/chat/completions", {"messages": []}, "messages", "at least 1 item"),
@@ -190,6 +193,30 @@ def test_bad_input_gets_an_openai_style_400_naming_the_field(server: str, path, 
     error = answer["error"]
     assert message in error["message"] and error["param"] == param
     assert "Traceback" not in error["message"] and "\n" not in error["message"]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(server: str, chunked: bool) -> None:
+    """5 MB of prompt: refused by its Content-Length before a byte of it is read, or once the chunks sent pass the
+    limit; the server answers the next request as before."""
+    body = json.dumps({"model": MODEL, "prompt": "hello " * 850_000, "max_tokens": 4}).encode()
+    host, port = server.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    pieces = (body[start : start + 65536] for start in range(0, len(body), 65536))
+    headers = {"Content-Type": "application/json"}
+    try:
+        if chunked:
+            connection.request("POST", "/v1/completions", pieces, headers, encode_chunked=True)
+        else:
+            connection.request("POST", "/v1/completions", body, headers)
+    except (BrokenPipeError, ConnectionResetError):  # it answered, and closed, before the body was all sent
+        pass
+    response = connection.getresponse()
+    error = json.loads(response.read())["error"]
+    connection.close()
+    assert response.status == 413 and error["code"] == 413
+    assert "larger than this server takes (2,000,000 bytes)" in error["message"]
+    assert openai_client(server).completions.create(model=MODEL, prompt="Q: Hi\nA:", max_tokens=2).choices
 
 
 def test_metrics_parse_and_their_counters_match_the_requests_sent(server: str) -> None:
