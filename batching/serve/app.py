@@ -231,6 +231,12 @@ async def _guarded(gateway: Gateway, stream: Stream, chunks: AsyncIterator[str])
         gateway.forget(request_id)
 
 
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone (its body was read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _param_of(message: str, kind: str) -> str:
     if message.startswith("max_new_tokens"):
         return "max_tokens"
@@ -250,16 +256,20 @@ class _Reply:
         self.created = int(time.time())
 
     async def wait(self, request: Request) -> FinishedEvent | None:
-        """The final event, or None if the client disconnected first."""
-        while True:
-            try:
-                event = await asyncio.wait_for(self.stream.events.get(), timeout=0.5)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    return None
-                continue
-            if isinstance(event, FinishedEvent):
-                return event
+        """The final event, or None if the client disconnected first: its going is heard as it happens (the
+        server's `http.disconnect`), so its request is cancelled before the engine's next step."""
+        final, gone = asyncio.ensure_future(self._final()), asyncio.ensure_future(_disconnect(request))
+        try:
+            await asyncio.wait((final, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            final.cancel()
+            gone.cancel()
+        return final.result() if final.done() and not final.cancelled() else None
+
+    async def _final(self) -> FinishedEvent:
+        while not isinstance(event := await self.stream.events.get(), FinishedEvent):
+            pass
+        return event
 
     def fault(self, finished: FinishedEvent) -> ApiError:
         """A request the engine failed: 503 when the engine process stopped (the next request starts another),

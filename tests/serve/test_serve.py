@@ -159,6 +159,38 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server: str) -> Non
     assert figures.get(aborted, 0.0) == before + 1, figures
 
 
+def test_clients_that_hang_up_on_whole_answers_have_their_requests_aborted(server: str) -> None:
+    """Eight non-streaming requests of 1,000 tokens whose clients close the connection once all eight run: each
+    is cancelled (counted `abort`, not `length`) and every slot is free again."""
+    before = _metrics(server)
+    host, port = server.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "Q: Hello\nA:", "max_tokens": 1000, "ignore_eos": True})
+    connections = []
+    for _ in range(8):
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        connections.append(connection)
+    deadline = time.monotonic() + 30
+    while _metrics(server)["batchscope:num_requests_running"] < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _metrics(server)["batchscope:num_requests_running"] == 8
+    for connection in connections:
+        connection.close()
+    aborted, length = (f"batchscope:request_success_total{{finished_reason={r}}}" for r in ("abort", "length"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        figures = _metrics(server)
+        if (
+            figures.get(aborted, 0.0) - before.get(aborted, 0.0) >= 8
+            and figures["batchscope:num_requests_running"] == 0
+        ):
+            break
+        time.sleep(0.05)
+    assert figures.get(aborted, 0.0) - before.get(aborted, 0.0) == 8
+    assert figures.get(length, 0.0) == before.get(length, 0.0)
+    assert figures["batchscope:num_requests_running"] == 0
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param", "message"),
     [
