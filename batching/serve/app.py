@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import PreTrainedTokenizerBase
 
-from batching.engine.events import FinishedEvent, TokenEvent
+from batching.engine.events import Event, FinishedEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.serve import responses
@@ -47,6 +47,8 @@ from batching.service import QueueFullError
 
 logger = logging.getLogger(__name__)
 
+RETRY_AFTER = {"Retry-After": "1"}  # a full engine, or one restarting: seconds until trying again is worth it
+
 
 @dataclass(frozen=True)
 class ApiConfig:
@@ -57,6 +59,7 @@ class ApiConfig:
     sampling: SamplingDefaults
     api_key: str | None = None
     max_body_bytes: int | None = None  # a larger body is a 413 before anything reads it
+    request_timeout_s: float | None = None  # a request still unanswered this long after it came is cancelled: 504
 
 
 class ApiError(Exception):
@@ -88,9 +91,11 @@ def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: Api
     _install_auth(app, config.api_key)
 
     @app.get("/health", responses=responses.HEALTH)
-    def health() -> Response:
-        if not gateway.service.lifecycle.alive:
-            return JSONResponse({"status": "engine stopped"}, status_code=503)
+    async def health() -> Response:  # on the event loop: it answers as long as the loop does
+        lifecycle = gateway.service.lifecycle
+        if not lifecycle.alive:
+            body = {"status": lifecycle.state.value, "reason": lifecycle.last_error}
+            return JSONResponse(body, status_code=503, headers=RETRY_AFTER)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models", responses=responses.MODELS)
@@ -190,18 +195,21 @@ async def _generate(
     try:
         stream = await gateway.submit(prepare)
     except QueueFullError as exc:
-        raise ApiError(429, str(exc), None, "rate_limit_error") from None
+        raise ApiError(429, str(exc), None, "rate_limit_error", RETRY_AFTER) from None
     except RuntimeError as exc:
-        raise ApiError(503, str(exc), None, "server_error") from None
+        raise ApiError(503, str(exc), None, "server_error", RETRY_AFTER) from None
     except ValueError as exc:
         raise ApiError(400, str(exc), _param_of(str(exc), kind)) from None
-    reply = _Reply(kind, limits.model_id, stream, stream.request.params, gateway)
+    reply = _Reply(kind, limits.model_id, stream, gateway, config.request_timeout_s)
     if body.stream:
         options = body.stream_options
         usage = bool(options and options.include_usage), bool(options and options.continuous_usage_stats)
         return StreamingResponse(_guarded(gateway, stream, reply.sse(*usage)), media_type="text/event-stream")
     try:
         finished = await reply.wait(request)
+    except Overdue as overdue:
+        gateway.cancel(stream.request.request_id)
+        raise overdue.error from None
     finally:
         gateway.forget(stream.request.request_id)
     if finished is None:  # the client left before the answer was done
@@ -245,11 +253,29 @@ def _param_of(message: str, kind: str) -> str:
     return "messages" if kind == "chat.completion" else "prompt"
 
 
-class _Reply:
-    """Builds one request's response bodies (whole, or SSE chunks) from its events, stop strings left out."""
+class Overdue(Exception):
+    """A request outlived the server's deadline (`ApiConfig.request_timeout_s`); `error` is its 504."""
 
-    def __init__(self, kind: str, model_id: str, stream: Stream, params: RequestParams, gateway: Gateway) -> None:
-        self.kind, self.model_id, self.stream, self.params, self.gateway = kind, model_id, stream, params, gateway
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"deadline of {timeout_s:g} s")
+        message = (
+            f"the request was not answered within this server's deadline of {timeout_s:g} s "
+            "(BATCHSCOPE_SERVER__REQUEST_TIMEOUT_S) and was cancelled"
+        )
+        self.error = ApiError(504, message, None, "timeout_error")
+
+
+class _Reply:
+    """Builds one request's response bodies (whole, or SSE chunks) from its events, stop strings left out; a
+    request past `timeout_s` since it came raises `Overdue`."""
+
+    def __init__(
+        self, kind: str, model_id: str, stream: Stream, gateway: Gateway, timeout_s: float | None = None
+    ) -> None:
+        self.kind, self.model_id, self.stream, self.gateway = kind, model_id, stream, gateway
+        self.params = stream.request.params
+        self.timeout_s = timeout_s
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self.chat = kind == "chat.completion"
         prefix = "chatcmpl" if self.chat else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
@@ -267,15 +293,26 @@ class _Reply:
         return final.result() if final.done() and not final.cancelled() else None
 
     async def _final(self) -> FinishedEvent:
-        while not isinstance(event := await self.stream.events.get(), FinishedEvent):
+        while not isinstance(event := await self._next(), FinishedEvent):
             pass
         return event
 
+    async def _next(self) -> Event:
+        """The request's next event; raises Overdue once its deadline has passed."""
+        if self.deadline is None or self.timeout_s is None:
+            return await self.stream.events.get()
+        try:
+            return await asyncio.wait_for(self.stream.events.get(), self.deadline - time.monotonic())
+        except TimeoutError:
+            raise Overdue(self.timeout_s) from None
+
     def fault(self, finished: FinishedEvent) -> ApiError:
-        """A request the engine failed: 503 when the engine process stopped (the next request starts another),
-        else 500."""
-        status = 500 if self.gateway.service.lifecycle.alive else 503
-        return ApiError(status, f"the request failed in the engine: {finished.error}", None, "server_error")
+        """A request the engine failed: 503 when its engine process stopped (another is being started), else
+        500."""
+        lifecycle = self.gateway.service.lifecycle
+        if lifecycle.alive and lifecycle.generation == self.stream.generation:
+            return ApiError(500, f"the request failed in the engine: {finished.error}", None, "server_error")
+        return ApiError(503, f"the request failed: {finished.error}", None, "server_error", RETRY_AFTER)
 
     def ending(self, finished: FinishedEvent) -> tuple[str, str]:
         """The whole answer, cut at its stop string, and its finish reason ("stop" when a stop string ended it)."""
@@ -305,7 +342,13 @@ class _Reply:
                 first["usage"] = _usage(prompt_tokens, 0)
             yield _sse(first)
         while True:
-            event = await self.stream.events.get()
+            try:
+                event = await self._next()
+            except Overdue as overdue:
+                self.gateway.cancel(self.stream.request.request_id)
+                yield _sse(overdue.error.body())
+                yield "data: [DONE]\n\n"
+                return
             if isinstance(event, TokenEvent):
                 piece = text.push(event.text)
                 if not piece:

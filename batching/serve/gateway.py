@@ -28,10 +28,12 @@ Prepare = Callable[[], tuple[Sequence[int], RequestParams]]
 
 @dataclass
 class Stream:
-    """One HTTP request's view of its engine request: its events arrive on `events`."""
+    """One HTTP request's view of its engine request: its events arrive on `events`; `generation`: the engine
+    process it was sent to (`EngineLifecycle.generation`)."""
 
     request: Submitted
     events: asyncio.Queue[Event]
+    generation: int
 
 
 class Gateway:
@@ -41,7 +43,7 @@ class Gateway:
         self.service = service
         self.options = options
         self.max_queue = max_queue
-        self.metrics = ApiMetrics(self.load)
+        self.metrics = ApiMetrics(self.load, lambda: dict(service.lifecycle.restart_causes))
         self._session: Session = service.open_session(options, max_queue)
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Stream]] = {}
         self._last_token: dict[str, float] = {}
@@ -69,9 +71,10 @@ class Gateway:
     def _submit_now(self, prepare: Prepare, loop: asyncio.AbstractEventLoop) -> Stream:
         prompt, params = prepare()
         session = self._session_now()
+        generation = self.service.lifecycle.generation  # read first: a restart after it is seen as one
         with self._lock:  # hold it so the router cannot see the first event before the stream is registered
             request = session.submit(prompt, params)
-            stream = Stream(request, asyncio.Queue())
+            stream = Stream(request, asyncio.Queue(), generation)
             self._streams[request.request_id] = (loop, stream)
         return stream
 
@@ -96,8 +99,8 @@ class Gateway:
         self._session.close()
 
     def _session_now(self) -> Session:
-        """The engine session, reopened if the engine was restarted or the session reaped."""
-        if self.service.lifecycle.ensure_running() or self._session.closed:
+        """The engine session, reopened if it was reaped."""
+        if self._session.closed:
             self._session = self.service.open_session(self.options, self.max_queue)
         return self._session
 

@@ -3,16 +3,17 @@
 Gauges (running, waiting, KV-cache use, slot occupancy) are read from the engine when scraped and cover everyone
 using it, browser tabs included; so do the KV counters (preemptions, prefix-cache queries and hits), read from every
 step's memory view, and the steps by how they ran (`engine_steps_total{path}`: eager, compiled, direct). Latency
-histograms and the request counters cover the requests served through this API.
+histograms and the request counters cover the requests served through this API. The engine's restarts, by cause
+(`engine_restarts_total{cause}`: exited, unresponsive, hung), are read from its client when scraped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from batching.engine.events import FinishedEvent, MemoryView, StepEvent, StepPath, WaitReason
@@ -47,12 +48,28 @@ class _LoadCollector(Collector):
         yield GaugeMetricFamily(PREFIX + "slot_occupancy", "Busy slots / slots, 0 to 1.", occupancy)
 
 
-class ApiMetrics:
-    """One registry per server: the engine's gauges plus what this API observed of its own requests."""
+class _RestartCollector(Collector):
+    def __init__(self, read: Callable[[], Mapping[str, int]]) -> None:
+        self.read = read
 
-    def __init__(self, read_load: Callable[[], BatcherLoad]) -> None:
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        restarts = CounterMetricFamily(
+            PREFIX + "engine_restarts", "Engine processes restarted by the server, by cause.", labels=["cause"]
+        )
+        for cause, count in self.read().items():
+            restarts.add_metric([cause], count)
+        yield restarts
+
+
+class ApiMetrics:
+    """One registry per server: the engine's gauges and restarts plus what this API observed of its own requests."""
+
+    def __init__(
+        self, read_load: Callable[[], BatcherLoad], read_restarts: Callable[[], Mapping[str, int]] = dict
+    ) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_LoadCollector(read_load))
+        self.registry.register(_RestartCollector(read_restarts))
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
             return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)

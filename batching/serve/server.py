@@ -31,10 +31,34 @@ from utils.log_setup import configure_logging
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8000
+ENGINE_GAVE_UP = 3  # the exit code when the engine was restarted too often (`BATCHSCOPE_ENGINE__MAX_RESTARTS`)
+GRACEFUL_EXIT_S = 5  # how long open connections may finish when the server exits
 
 
 class ServeError(Exception):
     """Bad flags: one line on stderr, exit code 2."""
+
+
+class ExitWhenGivenUp:
+    """What the server does when its engine was restarted too often: it stops serving and exits non-zero
+    (`ENGINE_GAVE_UP`), so that the process manager above it (systemd, Kubernetes) starts it afresh."""
+
+    def __init__(self) -> None:
+        self.code = 0
+        self.server: uvicorn.Server | None = None
+
+    def __call__(self, reason: str) -> None:
+        logger.critical("the server exits: %s", reason)
+        self.code = ENGINE_GAVE_UP
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def serve(self, server: uvicorn.Server) -> int:
+        """Run `server` until it stops; the exit code."""
+        self.server = server
+        server.should_exit = server.should_exit or bool(self.code)
+        server.run()
+        return self.code
 
 
 def api_config(settings: Settings, service: EngineClient, options: BatcherOptions) -> ApiConfig:
@@ -50,7 +74,14 @@ def api_config(settings: Settings, service: EngineClient, options: BatcherOption
     )
     sampling = sampling_defaults(settings.model)
     server = settings.server
-    return ApiConfig(limits, settings.generation.max_new_tokens, sampling, server.api_key, server.max_body_bytes)
+    return ApiConfig(
+        limits,
+        settings.generation.max_new_tokens,
+        sampling,
+        server.api_key,
+        server.max_body_bytes,
+        server.request_timeout_s,
+    )
 
 
 def sampling_defaults(model: ModelSettings) -> SamplingDefaults:
@@ -161,7 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # logged as it goes), so no request waits on a compiler; --no-compile starts at once, eager.
         prepare = options if settings.engine.compile_steps else None
         config = EngineConfig(settings.model, settings.tokenizer, settings.engine, prepare=prepare)
-        service = EngineClient(config, settings.limits)
+        exit_when_given_up = ExitWhenGivenUp()
+        service = EngineClient(config, settings.limits, on_give_up=exit_when_given_up)
         given = bool({"kv_cache_tokens", "kv_cache_mb"} & settings.batching.model_fields_set)
         options, pool_line = serving_pool(options, service.info.geometry, given, available_memory_bytes())
         logger.info("%s", pool_line)
@@ -175,9 +207,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(gateway, service.tokenizer, api_config(settings, service, options))
     port = args.port or settings.server.port or DEFAULT_PORT
     logger.info("serving %s on http://%s:%d/v1", service.info.name, settings.server.host, port)
+    served = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_EXIT_S,
+    )
     try:
-        uvicorn.run(app, host=settings.server.host, port=port, log_level=args.log_level, access_log=False)
+        return exit_when_given_up.serve(uvicorn.Server(served))
     finally:
         gateway.close()
         service.close()
-    return 0

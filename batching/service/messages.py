@@ -3,7 +3,8 @@
 Client -> engine: `Submit`, `Cancel`, `OpenPrivate`, `RunPrivate`, `ClosePrivate`, the race's `StartRace`,
 `RaceAdd`, `RacePace`, `StopRace`, `CloseRace`, and `Shutdown`.
 Engine -> client: `Progress` lines while it starts, `Ready` or `LoadFailed` once, then `Outputs` (one per batcher
-step), `RunEnded`, `LaneOutputs` (one per race step), `RaceEnded`, `EngineStats`.
+step), `RunEnded`, `LaneOutputs` (one per race step), `RaceEnded`, `EngineStats`; and a `Heartbeat` every
+`HEARTBEAT_S` from its start to its end.
 """
 
 from __future__ import annotations
@@ -152,6 +153,17 @@ Command = (
 
 
 # --- engine -> client -----------------------------------------------------------------------------------------
+HEARTBEAT_S = 0.5
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The engine process is scheduled and its interpreter runs (sent by a thread of its own); `rounds`: how many
+    times its loop has gone round, so a loop stuck in one step shows too."""
+
+    rounds: int
+
+
 @dataclass(frozen=True)
 class Progress:
     """A line about the engine's start (a graph being made, and how long it took), logged by the client."""
