@@ -43,7 +43,7 @@ from batching.serve.schemas import (
     served_models,
 )
 from batching.serve.stops import StreamedText, cut
-from batching.service import QueueFullError
+from batching.service import EngineDeadError, QueueFullError
 
 logger = logging.getLogger(__name__)
 
@@ -109,11 +109,11 @@ def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: Api
 
     async def completions(body: CompletionRequest, request: Request) -> Response:
         prompt = functools.partial(_completion_prompt, tokenizer, body.one_prompt())
-        return await _generate(gateway, config, body, prompt, "text_completion", request)
+        return await _answered(_generate(gateway, config, body, prompt, "text_completion", request))
 
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         prompt = functools.partial(_chat_prompt, tokenizer, body)
-        return await _generate(gateway, config, body, prompt, "chat.completion", request)
+        return await _answered(_generate(gateway, config, body, prompt, "chat.completion", request))
 
     # FastAPI reads each body's type from the annotation: this server's, whose fields carry its limits
     completion_body, chat_body = served_models(config.limits)
@@ -171,6 +171,18 @@ def _chat_prompt(tokenizer: PreTrainedTokenizerBase, body: ChatCompletionRequest
     return ids
 
 
+async def _answered(answer: Awaitable[Response]) -> Response:
+    """`answer`, or a fault of ours as a 500 of one line, answered like any error: Starlette's last-resort handler
+    would answer it too, then raise it on to the server, which closes the client's keep-alive connection."""
+    try:
+        return await answer
+    except ApiError:
+        raise
+    except Exception as exc:
+        logger.exception("a request failed")
+        raise ApiError(500, f"internal error: {type(exc).__name__}", None, "server_error") from None
+
+
 async def _generate(
     gateway: Gateway,
     config: ApiConfig,
@@ -196,7 +208,7 @@ async def _generate(
         stream = await gateway.submit(prepare)
     except QueueFullError as exc:
         raise ApiError(429, str(exc), None, "rate_limit_error", RETRY_AFTER) from None
-    except RuntimeError as exc:
+    except EngineDeadError as exc:
         raise ApiError(503, str(exc), None, "server_error", RETRY_AFTER) from None
     except ValueError as exc:
         raise ApiError(400, str(exc), _param_of(str(exc), kind)) from None

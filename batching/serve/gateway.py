@@ -121,6 +121,7 @@ class Gateway:
             self.metrics.observe_finished(event)
             self._last_token.pop(event.request_id, None)  # only this thread touches it: a cancelled stream's too
         else:
+            self.metrics.generation_tokens.inc()  # as it comes: the tokens of a request its engine's death ends count
             previous = self._last_token.get(event.request_id)
             if previous is not None:
                 self.metrics.observe_token_gap(event.time - previous)

@@ -74,6 +74,9 @@ class ApiMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
             return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
 
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=self.registry)
+
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token, from arrival.")
         self.itl = histogram("inter_token_latency_seconds", "Time between two tokens of one request.")
         self.e2e = histogram("e2e_request_latency_seconds", "From arrival to the last token.")
@@ -81,43 +84,30 @@ class ApiMetrics:
         self.iteration_tokens = histogram(
             "iteration_tokens_total", "Tokens (prompt + decode) one engine step computed.", _TOKEN_BUCKETS
         )
-        self.prompt_tokens = Counter(
-            PREFIX + "prompt_tokens", "Prompt tokens of finished requests.", registry=self.registry
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter(
+            "generation_tokens",
+            "Tokens generated, counted as each is (a request that failed or was cancelled counts what it generated).",
         )
-        self.generation_tokens = Counter(
-            PREFIX + "generation_tokens", "Tokens generated for finished requests.", registry=self.registry
+        self.success = counter("request_success", "Finished requests by reason.", ("finished_reason",))
+        self.preemptions = counter("num_preemptions", "Cumulative number of preemptions from the engine.")
+        self.prefix_queries = counter(
+            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         )
-        self.success = Counter(
-            PREFIX + "request_success", "Finished requests by reason.", ["finished_reason"], registry=self.registry
-        )
-        self.preemptions = Counter(
-            PREFIX + "num_preemptions", "Cumulative number of preemptions from the engine.", registry=self.registry
-        )
-        self.prefix_queries = Counter(
-            PREFIX + "prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            registry=self.registry,
-        )
-        self.prefix_hits = Counter(
-            PREFIX + "prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            registry=self.registry,
-        )
-        self.waiting = Counter(
-            PREFIX + "waiting_request_steps",
+        self.prefix_hits = counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.waiting = counter(
+            "waiting_request_steps",
             "Steps requests in the batcher spent computing nothing, by why the scheduler left them out (one per "
             "request per step).",
-            ["reason"],
-            registry=self.registry,
+            ("reason",),
         )
         for reason in WaitReason:  # every reason listed from the start, at 0
             self.waiting.labels(reason=reason.name.lower())
-        self.steps = Counter(
-            PREFIX + "engine_steps",
+        self.steps = counter(
+            "engine_steps",
             "Engine steps of the API's batcher by how they ran: eager, through a compiled graph (torch.compile's "
             "entry), or its graph called directly.",
-            ["path"],
-            registry=self.registry,
+            ("path",),
         )
         for path in get_args(StepPath):  # every path listed from the start, at 0
             self.steps.labels(path=path)
@@ -149,7 +139,6 @@ class ApiMetrics:
     def observe_finished(self, event: FinishedEvent) -> None:
         self.success.labels(finished_reason=FINISH_REASONS[event.reason]).inc()
         self.prompt_tokens.inc(event.prompt_tokens)
-        self.generation_tokens.inc(event.output_tokens)
         self.e2e.observe(event.e2e_s)
         if event.ttft_s is not None:
             self.ttft.observe(event.ttft_s)

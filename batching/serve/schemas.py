@@ -69,7 +69,22 @@ Zero = Annotated[float, Field(ge=0.0, le=0.0)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", regex_engine="python-re")
+    model_config = ConfigDict(strict=True, extra="forbid", regex_engine="python-re", allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _unicode(cls, value: object) -> object:
+        """Text must be Unicode: JSON's escapes can spell a lone surrogate (`"\\ud83d"`), which no tokenizer takes."""
+        for text in value if isinstance(value, list) else (value,):
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise ValueError(
+                        f"character {exc.start} is a lone surrogate ({text[exc.start]!r}), not text: send whole "
+                        "characters (a surrogate pair, or UTF-8)"
+                    ) from None
+        return value
 
 
 class StreamOptions(_Body):

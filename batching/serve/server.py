@@ -5,6 +5,7 @@ already runs the shared engine (the Streamlit page, when `BATCHSCOPE_SERVER__POR
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 import threading
@@ -84,6 +85,21 @@ def api_config(settings: Settings, service: EngineClient, options: BatcherOption
     )
 
 
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A line to log when the API listens beyond this machine without a key (anyone who reaches it may use it)."""
+    if api_key is not None or host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host.strip("[]")).is_loopback:
+            return None
+    except ValueError:  # a host name: it may resolve to anything
+        pass
+    return (
+        f"the API listens on {host}, beyond this machine, without an API key: anyone who can reach it may use it; "
+        "set --api-key (or BATCHSCOPE_SERVER__API_KEY)"
+    )
+
+
 def sampling_defaults(model: ModelSettings) -> SamplingDefaults:
     """What a request that leaves a sampling field out gets, as on vLLM's server (`--generation-config auto`): the
     value the model's generation_config.json sets, else OpenAI's default (temperature 1: it samples). Its `do_sample`
@@ -115,6 +131,8 @@ class BackgroundServer:
 
 def start_background(service: EngineClient, settings: Settings, port: int) -> BackgroundServer:
     """Serve the API from this process on `port`, sharing `service`'s engine with whoever else uses it."""
+    if (warning := exposure_warning(settings.server.host, settings.server.api_key)) is not None:
+        logger.warning("%s", warning)
     gateway = Gateway(service, engine_options(settings), settings.limits.max_queue_total)
     app = create_app(gateway, service.tokenizer, api_config(settings, service, gateway.options))
     config = uvicorn.Config(app, host=settings.server.host, port=port, log_level="warning", access_log=False)
@@ -187,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _with_flags(settings, args)
         for warning in setting_warnings():
             logger.warning("%s", warning)
+        if (exposed := exposure_warning(settings.server.host, settings.server.api_key)) is not None:
+            logger.warning("%s", exposed)
         options = engine_options(settings)
         # The graphs every step of this batcher will use are made before the engine says it is ready (each line
         # logged as it goes), so no request waits on a compiler; --no-compile starts at once, eager.

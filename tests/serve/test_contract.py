@@ -29,7 +29,7 @@ from model.loader import load_model
 from model.prompting import format_prompt
 from tests.engine.helpers import reference
 from tests.helpers import free_port
-from tests.serve.helpers import async_openai_client, openai_client, our_server, post_json, sse_events
+from tests.serve.helpers import async_openai_client, openai_client, our_server, post_json, served, sse_events
 from tests.service.helpers import FAILING_SEED, fail_sampling_with_seed_666
 
 MODEL = "builtin"
@@ -230,6 +230,7 @@ def test_a_request_whose_engine_dies_is_a_503_a_stream_ends_with_an_error_event_
     module: it restarts the module's engine.)"""
     url, pid = server
     engine = _engine_of(pid)
+    tokens_before = served(url)[1]
     body = {"prompt": PROMPT, "max_tokens": 900, "temperature": 0, "ignore_eos": True}
     request = urllib.request.Request(
         url + "/v1/completions", json.dumps({**body, "stream": True}).encode(), {"Content-Type": "application/json"}
@@ -258,6 +259,8 @@ def test_a_request_whose_engine_dies_is_a_503_a_stream_ends_with_an_error_event_
     assert json.loads(events[-2])["error"]["code"] == 503 and events[-1] == "[DONE]"
     assert all("error" not in json.loads(event) for event in events[:-2])
     assert failed.response.headers["retry-after"] == "1"
+    streamed = 1 + len(events) - 2  # the chunk read before the kill, then those up to the error
+    assert served(url)[1] - tokens_before >= streamed  # the tokens the dead engine generated are counted
     deadline = time.monotonic() + 60
     while not _listening(url) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -211,6 +211,10 @@ def test_clients_that_hang_up_on_whole_answers_have_their_requests_aborted(serve
         ("/v1/completions", {"prompt": "hi", "stop": ["x"] * 10_000}, "stop", "at most 64 items"),
         ("/v1/completions", {"prompt": "hi", "stop": "x" * 513}, "stop", "at most 512 characters"),
         ("/v1/completions", {"prompt": "hi", "stop": ["a", "x" * 513]}, "stop.1", "at most 512 characters"),
+        ("/v1/completions", {"prompt": "hi", "temperature": float("nan")}, "temperature", "a finite number"),
+        ("/v1/completions", {"prompt": "\ud83d"}, "prompt", "unicode string"),
+        ("/v1/completions", {"prompt": "hi", "stop": ["\udc00"]}, "stop.0", "unicode string"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud83d"}]}, "messages.0.content", "lone"),
         ("/v1/completions", {"prompt": "hi", "seed": 2**64}, "seed", "less than or equal to 9223372036854775807"),
         ("/v1/completions", {"max_tokens": 3}, "prompt", "Field required"),
         ("/v1/chat/completions", {"messages": []}, "messages", "at least 1 item"),
@@ -225,6 +229,26 @@ def test_bad_input_gets_an_openai_style_400_naming_the_field(server: str, path, 
     error = answer["error"]
     assert message in error["message"] and error["param"] == param
     assert "Traceback" not in error["message"] and "\n" not in error["message"]
+
+
+def test_a_lone_surrogate_is_a_400_and_the_keep_alive_connection_serves_the_next_request(server: str) -> None:
+    host, port = server.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    headers = {"Content-Type": "application/json"}
+    bodies = [
+        {"messages": [{"role": "user", "content": "\ud83d"}], "max_tokens": 2},
+        {"messages": [{"role": "user", "content": "Hi \U0001f600"}], "max_tokens": 2},
+    ]
+    answers, sockets = [], []
+    for body in bodies:  # json.dumps writes the lone surrogate as the escape "\ud83d", as a client would
+        connection.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+        response = connection.getresponse()
+        answers.append((response.status, json.loads(response.read())))
+        sockets.append(connection.sock)
+    connection.close()
+    assert sockets[0] is not None and sockets[1] is sockets[0]  # one connection: not closed and opened again
+    assert answers[0][0] == 400 and "lone surrogate" in answers[0][1]["error"]["message"]
+    assert answers[1][0] == 200 and answers[1][1]["usage"]["completion_tokens"] == 2
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
