@@ -21,7 +21,7 @@ from config.settings import ModelSettings
 from model.loader import load_model
 from model.prompting import format_prompt
 from tests.engine.helpers import reference
-from tests.serve.helpers import openai_client, our_server, post_json
+from tests.serve.helpers import openai_client, our_server, post_json, post_large
 
 MODEL = "builtin"
 
@@ -256,21 +256,9 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read(server: str, chunked: 
     """5 MB of prompt: refused by its Content-Length before a byte of it is read, or once the chunks sent pass the
     limit; the server answers the next request as before."""
     body = json.dumps({"model": MODEL, "prompt": "hello " * 850_000, "max_tokens": 4}).encode()
-    host, port = server.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=60)
-    pieces = (body[start : start + 65536] for start in range(0, len(body), 65536))
-    headers = {"Content-Type": "application/json"}
-    try:
-        if chunked:
-            connection.request("POST", "/v1/completions", pieces, headers, encode_chunked=True)
-        else:
-            connection.request("POST", "/v1/completions", body, headers)
-    except (BrokenPipeError, ConnectionResetError):  # it answered, and closed, before the body was all sent
-        pass
-    response = connection.getresponse()
-    error = json.loads(response.read())["error"]
-    connection.close()
-    assert response.status == 413 and error["code"] == 413
+    status, answer = post_large(server, body, chunked)
+    error = answer["error"]
+    assert status == 413 and error["code"] == 413
     assert "larger than this server takes (2,000,000 bytes)" in error["message"]
     assert openai_client(server).completions.create(model=MODEL, prompt="Q: Hi\nA:", max_tokens=2).choices
 
