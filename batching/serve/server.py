@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import FrameType
 
 import uvicorn
 from transformers import GenerationConfig
@@ -60,6 +61,19 @@ class ExitWhenGivenUp:
         server.should_exit = server.should_exit or bool(self.code)
         server.run()
         return self.code
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, which tells the engine's supervisor first when a signal stops it: the same signal may
+    reach the engine process (Ctrl+C, or systemd's SIGTERM to the whole group), which is then not restarted."""
+
+    def __init__(self, config: uvicorn.Config, service: EngineClient) -> None:
+        super().__init__(config)
+        self.service = service
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.service.lifecycle.stop_restarting()
+        super().handle_exit(sig, frame)
 
 
 def api_config(settings: Settings, service: EngineClient, options: BatcherOptions) -> ApiConfig:
@@ -236,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout_graceful_shutdown=GRACEFUL_EXIT_S,
     )
     try:
-        return exit_when_given_up.serve(uvicorn.Server(served))
+        return exit_when_given_up.serve(StoppingServer(served, service))
     finally:
         gateway.close()
         service.close()

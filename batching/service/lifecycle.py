@@ -19,9 +19,11 @@ stopped engine reads none), and the commands keep their order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import logging
 import queue
+import signal
 import threading
 import time
 import weakref
@@ -55,6 +57,7 @@ logger = logging.getLogger(__name__)
 DEATH_CHECK_S = 0.5
 WATCH_EVERY_S = 0.1
 FIRST_WORD_S = 120.0  # a starting engine's first message (a fresh interpreter imports torch first)
+SIGNALLED_GRACE_S = 0.5
 
 Routed = Outputs | RunEnded | LaneOutputs | RaceEnded
 
@@ -143,8 +146,12 @@ class EngineLifecycle:
 
     def _start(self, restart: str | None = None) -> EngineInfo:
         """Start the engine process and wait until its model is loaded; raises ModelLoadError or RuntimeError.
-        `restart`: why the last one went (the restart is counted as the new one comes up)."""
-        process = EngineProcess(self.config)
+        `restart`: why the last one went (the restart is counted as the new one comes up); it keeps the first
+        start's torch thread count."""
+        config = self.config
+        if restart is not None and config.threads is None:
+            config = dataclasses.replace(config, threads=self.info.thread_choice)
+        process = EngineProcess(config)
         first = self._first_answer(process)
         if isinstance(first, LoadFailed):
             process.wait(5)
@@ -202,6 +209,11 @@ class EngineLifecycle:
             self.info = self._start(restart=self._cause)
             self.routes.engine_restarted()
             return True
+
+    def stop_restarting(self) -> None:
+        """The client is going away (a signal told its server to stop, and may have told the engine too): an
+        engine that ends from now on is not restarted. `close` stops it."""
+        self.stopping.set()
 
     def close(self) -> None:
         """Stop the engine process (also done at interpreter exit)."""
@@ -263,6 +275,8 @@ class EngineLifecycle:
             pass
         process.wait(2)
         self._lost(generation, f"the engine process stopped: {process.describe_exit()}", EXITED)
+        if process.exit_code() in (-signal.SIGTERM, -signal.SIGINT):  # sent on purpose, perhaps to us too:
+            self.stopping.wait(SIGNALLED_GRACE_S)  # a server told to stop by it says so first
         if generation == self._generation and not self.stopping.is_set():
             self._restart()
 

@@ -18,6 +18,7 @@ from batching.engine.events import Event
 from batching.engine.geometry import PoolGeometry
 from batching.engine.options import BatcherOptions
 from batching.engine.request import Request
+from batching.engine.threads import ThreadChoice
 from batching.race import LaneStep
 from config.settings import EngineSettings, ModelSettings, TokenizerSettings
 
@@ -38,6 +39,9 @@ class EngineConfig:
     # said in a `Progress` line: the API server's, so no request it serves waits on a compiler. None: made in the
     # background when first asked (the page's engine).
     prepare: BatcherOptions | None = None
+    # The torch thread count to run on, untimed: a restart keeps its first start's choice (`EngineInfo.thread_choice`),
+    # so it neither times the counts again (seconds on a busy machine) nor makes graphs for another count. None: timed.
+    threads: ThreadChoice | None = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,12 @@ class EngineInfo:
     pid: int
     geometry: PoolGeometry  # what sizes a batcher's KV pool and bounds its requests (`Admission` checks by it)
     features: str = ""  # the attention features in use, e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
-    threads: str = ""  # how many torch threads the engine runs on, and why (`engine.threads.ThreadChoice.line`)
+    thread_choice: ThreadChoice | None = None  # how many torch threads the engine runs on, and why
+
+    @property
+    def threads(self) -> str:
+        """The thread choice in one line (`engine.threads.ThreadChoice.line`)."""
+        return "" if self.thread_choice is None else self.thread_choice.line()
 
 
 # --- client -> engine -----------------------------------------------------------------------------------------

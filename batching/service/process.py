@@ -134,10 +134,12 @@ def _load(config: EngineConfig, outputs: Pulse) -> LoadedModel | None:
         check_supported(loaded.model)  # refused before any request rather than answered wrongly
         # As many torch threads as make this model's steps fastest (`pick_threads`), up to torch's count (the cores,
         # or OMP_NUM_THREADS): timed now, before any graph is made (inductor bakes the count into its kernels).
-        choice = pick_threads(loaded.model, loaded.tokenizer, torch.get_num_threads(), config.engine.compile_steps)
+        choice = config.threads or pick_threads(
+            loaded.model, loaded.tokenizer, torch.get_num_threads(), config.engine.compile_steps
+        )
         torch.set_num_threads(choice.threads)
         if config.prepare is not None:  # the API server, which logs each line of its start
-            outputs.send(Progress(choice.line()))
+            outputs.send(Progress(choice.line() + (" (the first start's choice)" if config.threads else "")))
         if config.engine.compile_steps:  # graphs are made in the background by the first decode steps
             use_compile_cache(config.engine.compile_cache_dir)
         # One tiny request, so the first real one does not pay for warm-up.
@@ -167,7 +169,7 @@ def _load(config: EngineConfig, outputs: Pulse) -> LoadedModel | None:
         load_seconds=loaded.load_seconds,
         pid=os.getpid(),
         features=attention_features(loaded.model),
-        threads=choice.line(),
+        thread_choice=choice,
         geometry=PoolGeometry.of(loaded.model),
     )
     outputs.send(Ready(info))

@@ -68,3 +68,15 @@ def test_a_server_whose_engine_dies_more_often_than_allowed_exits_non_zero(tmp_p
     assert "the server exits: the engine stopped (the engine process stopped: killed by signal 9)" in log
     with pytest.raises(OSError):
         http.client.HTTPConnection(url.removeprefix("http://"), timeout=2).request("GET", "/health")
+
+
+def test_a_signal_to_the_whole_group_stops_server_and_engine_and_restarts_nothing(tmp_path: Path) -> None:
+    """systemd's stop (SIGTERM to every process of the service): the engine dies of it too, and is not restarted
+    while the server shuts down; the server ends by that signal (uvicorn raises it again once it has shut down)."""
+    with our_server(tmp_path) as (_, process):
+        (engine,) = psutil.Process(process.pid).children()
+        os.killpg(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=60) == -signal.SIGTERM
+        assert not engine.is_running()
+    log = next(tmp_path.glob("serve-*.log")).read_text()
+    assert "restarting the engine" not in log
