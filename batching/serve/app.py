@@ -24,8 +24,8 @@ from jinja2 import TemplateError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from transformers import PreTrainedTokenizerBase
 
+from batching.engine.builder import RequestBuilder
 from batching.engine.events import Event, FinishedEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
@@ -83,7 +83,7 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: ApiConfig) -> FastAPI:
+def create_app(gateway: Gateway, config: ApiConfig) -> FastAPI:
     app = FastAPI(title="Batchscope", summary="An OpenAI-compatible API over Batchscope's continuous batcher")
     if config.max_body_bytes is not None:
         app.add_middleware(BodyLimit, limit=config.max_body_bytes)
@@ -107,12 +107,14 @@ def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: Api
     def metrics() -> Response:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    builder = gateway.service.admission.builder(gateway.options)  # the engine's own checks
+
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        prompt = functools.partial(_completion_prompt, tokenizer, body.one_prompt())
+        prompt = functools.partial(_completion_prompt, builder, body.one_prompt())
         return await _answered(_generate(gateway, config, body, prompt, "text_completion", request))
 
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        prompt = functools.partial(_chat_prompt, tokenizer, body)
+        prompt = functools.partial(_chat_prompt, builder, body)
         return await _answered(_generate(gateway, config, body, prompt, "chat.completion", request))
 
     # FastAPI reads each body's type from the annotation: this server's, whose fields carry its limits
@@ -151,22 +153,21 @@ def _openapi(app: FastAPI, bodies: tuple[type[BaseModel], ...], keyed: bool) -> 
     return app.openapi_schema
 
 
-def _completion_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[int]) -> list[int]:
+def _completion_prompt(builder: RequestBuilder, prompt: str | list[int]) -> list[int]:
     """A completion's prompt as token ids: text tokenised as `generate` would (with the model's BOS, if any)."""
-    if isinstance(prompt, list):
-        return prompt
-    ids: list[int] = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    return ids
+    return prompt if isinstance(prompt, list) else builder.tokenize(prompt)
 
 
-def _chat_prompt(tokenizer: PreTrainedTokenizerBase, body: ChatCompletionRequest) -> list[int]:
+def _chat_prompt(builder: RequestBuilder, body: ChatCompletionRequest) -> list[int]:
     """The conversation through the tokenizer's chat template, tokenised as the template wrote it (no extra BOS)."""
+    tokenizer = builder.tokenizer
     if not tokenizer.chat_template:
         raise ApiError(400, "this model has no chat template: use /v1/completions", "messages")
     try:
         text = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
     except TemplateError as exc:  # the template's own refusal (roles out of order, say)
         raise ApiError(400, f"the model's chat template refused these messages: {exc}", "messages") from None
+    builder.check_length(str(text))
     ids: list[int] = tokenizer(str(text), add_special_tokens=False)["input_ids"]
     return ids
 

@@ -148,7 +148,7 @@ def start_background(service: EngineClient, settings: Settings, port: int) -> Ba
     if (warning := exposure_warning(settings.server.host, settings.server.api_key)) is not None:
         logger.warning("%s", warning)
     gateway = Gateway(service, engine_options(settings), settings.limits.max_queue_total)
-    app = create_app(gateway, service.tokenizer, api_config(settings, service, gateway.options))
+    app = create_app(gateway, api_config(settings, service, gateway.options))
     config = uvicorn.Config(app, host=settings.server.host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="batchscope-api", daemon=True)
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.info("compiled steps are off: every step runs eager")
     warm_up(service, options)
     gateway = Gateway(service, options, settings.limits.max_queue_total)
-    app = create_app(gateway, service.tokenizer, api_config(settings, service, options))
+    app = create_app(gateway, api_config(settings, service, options))
     port = args.port or settings.server.port or DEFAULT_PORT
     logger.info("serving %s on http://%s:%d/v1", service.info.name, settings.server.host, port)
     served = uvicorn.Config(
