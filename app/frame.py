@@ -19,7 +19,7 @@ from batching.engine.model_support import UnsupportedModelError
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.serve.server import BackgroundServer, start_background
-from batching.service import EngineClient, EngineConfig, EngineInfo
+from batching.service import EngineClient, EngineConfig, EngineDeadError, EngineInfo
 from config.settings import (
     EngineSettings,
     LimitSettings,
@@ -184,13 +184,15 @@ def model_line(info: EngineInfo, builder: RequestBuilder) -> str:
 
 # --- the engine's lines in the sidebar ---------------------------------------------------------------------------
 def engine_lines(service: EngineClient, settings: Settings) -> None:
-    """Restart the engine process (with a warning) if it had died; say how many batchers are live, and where the
-    OpenAI-compatible API of this server listens when `BATCHSCOPE_SERVER__PORT` is set."""
+    """Say that the engine process is being restarted, or start it again if it was restarted too often; say how
+    many batchers are live, and where the OpenAI-compatible API of this server listens when
+    `BATCHSCOPE_SERVER__PORT` is set."""
     engine = service.lifecycle
-    if engine.ensure_running():
-        st.warning(
-            f"The shared engine had stopped ({engine.last_error}); it was restarted (restart {engine.restarts})."
-        )
+    try:
+        if engine.ensure_running():
+            st.warning(escape_markdown(f"The shared engine had stopped ({engine.last_error}); it was started again."))
+    except EngineDeadError as exc:
+        st.warning(escape_markdown(f"{str(exc)[:1].upper()}{str(exc)[1:]}."))
     st.sidebar.caption(
         f"Batchers live: {engine.stats.live_batchers} (at most {settings.engine.max_shared_batchers} shared)"
     )

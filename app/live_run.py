@@ -17,6 +17,7 @@ from batching.engine.params import RequestParams, SamplingParams
 from batching.engine.request import FinishReason
 from batching.runs import RunRecord
 from model.prompting import extract_answer
+from utils.plain_text import escape_markdown
 
 CURSOR = "▌"
 # The comparison replays the queue in this order; drift and warm-up then hit both modes alike, and the faster
@@ -70,9 +71,10 @@ class RequestView:
         return self.answer + CURSOR if self.status == "running" else self.answer
 
     def status_line(self) -> str:
+        """One line of Markdown (a caption); what the engine or a remote server said in it shows as text."""
         status = self.status
         if status == "refused":
-            return f"not run: {self.refused}"
+            return f"not run: {escape_markdown(str(self.refused))}"
         if status == "scheduled":
             return f"scheduled: joins {self.offset_s:.1f} s after the start"
         if status == "waiting":
@@ -88,7 +90,7 @@ class RequestView:
         if finished is not None:
             parts.append(f"latency {finished.e2e_s:.2f} s")
             if finished.error:
-                parts.append(finished.error)
+                parts.append(escape_markdown(finished.error))
         return " · ".join(parts)
 
 

@@ -186,11 +186,11 @@ def remote_server_choice(settings: Settings, controls: DeltaGenerator) -> Remote
         try:
             endpoint = endpoint_from_settings(remote, url, api_key)
         except RemoteError as exc:
-            st.error(str(exc))
+            st.error(escape_markdown(str(exc)))  # the address typed, shown as text
             return RemoteChoice(None, None, api, remote.telemetry_interval_s, str(exc))
         model, problem = (typed_model.strip(), None) if typed_model.strip() else served_model(endpoint)
         if problem:
-            st.error(problem)
+            st.error(escape_markdown(problem))  # what the server said, as text
         else:
             st.caption(f"Watching model **{escape_markdown(model or '')}** at {escape_markdown(endpoint.root)}")
     return RemoteChoice(endpoint, model, api, remote.telemetry_interval_s, problem)

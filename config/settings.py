@@ -148,6 +148,28 @@ class EngineSettings(BaseModel):
         60.0, gt=0, le=86400, description="a shared batcher no one used this long is closed"
     )
     session_timeout_s: float = Field(5.0, gt=0, le=3600, description="a silent tab's requests are cancelled")
+    heartbeat_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="an engine process that sends no heartbeat this long (stopped, or its interpreter hung) is "
+        "killed, its requests end with an error, and it is restarted",
+    )
+    step_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        le=86400,
+        description="an engine loop that runs one round of steps this long is taken as hung: killed and restarted "
+        "(vLLM's engine iteration timeout is 60 s)",
+    )
+    max_restarts: int = Field(
+        5,
+        ge=0,
+        le=1000,
+        description="more engine restarts than this within restart_window_s and the API server exits non-zero (for "
+        "its process manager to restart it); the page starts the engine again when next asked",
+    )
+    restart_window_s: float = Field(60.0, gt=0, le=86400, description="the window max_restarts counts in")
     compile_steps: bool = Field(
         True, description="compile decode steps (torch.compile) in the background; steps run eager until ready"
     )
@@ -205,6 +227,20 @@ class ServerSettings(BaseModel):
     port: int | None = Field(None, ge=1, le=65535, description="also serve the API from the Streamlit process")
     api_key: str | None = Field(None, min_length=1, description="require `Authorization: Bearer <key>`")
     served_model_name: str | None = Field(None, min_length=1, description="the model id clients use; default: its name")
+    max_body_bytes: int = Field(
+        2_000_000,
+        ge=1024,
+        le=2**31 - 1,
+        description="a request body over this many bytes is refused (413) before it is read; TGI's default payload "
+        "limit",
+    )
+    request_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        description="a request not answered this long after it came is cancelled and answered 504 (a stream: an "
+        "error event); None, as vLLM: no deadline",
+    )
 
 
 class RemoteSettings(BaseModel):

@@ -9,6 +9,7 @@ from batching.remote import RemoteRun
 from utils import export
 from utils.inspector import WasteMeters
 from utils.metrics import RunRecord, steps_kind, summarize, wait_reasons_frame
+from utils.plain_text import escape_markdown
 
 RACE_CLOCKS = (
     "Both lanes ran the same prompts, caps, sampling and arrival times in the engine process, which steps them in "
@@ -60,14 +61,15 @@ def numbers_section(
 
 
 def remote_failures(runs: dict[str, RemoteRun]) -> None:
-    """One message per kind of failure (with how many requests it hit); the other requests went on."""
+    """One message per kind of failure (with how many requests it hit); the other requests went on. The message,
+    often the server's own text, shows as text."""
     for mode, remote in runs.items():
         errors: dict[str, int] = {}
         for event in remote.record.finished:
             if event.error:
                 errors[event.error] = errors.get(event.error, 0) + 1
         for message, count in errors.items():
-            st.error(f"{mode}: {count} of {len(remote.record.finished)} requests failed: {message}")
+            st.error(f"{mode}: {count} of {len(remote.record.finished)} requests failed: {escape_markdown(message)}")
 
 
 def remote_numbers_section(runs: dict[str, RemoteRun]) -> None:

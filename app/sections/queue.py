@@ -14,6 +14,7 @@ from streamlit.delta_generator import DeltaGenerator
 from app.frame import Frame
 from app.prompt_queue import Check, PromptQueue, QueueError, has_edits
 from batching.bench.workloads import builtin_workload_names, load_workload
+from utils.plain_text import escape_markdown
 
 DEFAULT_EXAMPLE = "customer-support"
 EMPTY_QUEUE = "the queue is empty: add a prompt or load an example first"
@@ -106,8 +107,8 @@ def queue_table(frame: Frame, queue: PromptQueue) -> None:
             state.queue_message = "; ".join(problems) or None
     editor_key = f"queue_editor_{queue.table_version}"
 
-    if state.queue_message:
-        st.error(state.queue_message)
+    if state.queue_message:  # prompts typed, or a remote server's answer: shown as text
+        st.error(escape_markdown(state.queue_message))
     st.data_editor(
         queue.editor_frame(),
         key=editor_key,

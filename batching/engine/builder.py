@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -11,6 +12,11 @@ from batching.engine.params import RequestParams
 from batching.engine.request import Request
 
 _ids = itertools.count(1)
+
+# A text longer than this many times its longest possible tokenisation is refused unread: no token covers more
+# characters than the vocabulary's longest entry, and a normalizer may merge characters (NFC composes a decomposed
+# accent, 2 into 1), for which this leaves room.
+OVERLONG_FACTOR = 4
 
 
 class RequestBuilder:
@@ -39,10 +45,26 @@ class RequestBuilder:
         """The largest cap any prompt can have (a one-token prompt)."""
         return self.context_length - 1
 
+    @functools.cached_property
+    def longest_token_chars(self) -> int:
+        """The most characters any one token of the vocabulary can stand for."""
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
+
+    def check_length(self, text: str) -> None:
+        """Refuse, without tokenising it, a text far too long to fit in `max_prompt_tokens` (tokenising two
+        megabytes takes seconds, and its working memory stays with the process)."""
+        most = self.max_prompt_tokens * self.longest_token_chars * OVERLONG_FACTOR
+        if len(text) > most:
+            raise ValueError(
+                f"prompt has {len(text):,} characters, far more than {self.max_prompt_tokens} tokens hold (no more "
+                f"than {most:,}): shorten it"
+            )
+
     def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise ValueError("prompt is empty: type some text")
+            self.check_length(prompt)
             ids: list[int] = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
             return ids
         ids = [int(token) for token in prompt]

@@ -7,6 +7,7 @@ and the OpenAPI schema documents every status and content type the routes answer
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -23,12 +24,13 @@ from jinja2 import TemplateError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from transformers import PreTrainedTokenizerBase
 
-from batching.engine.events import FinishedEvent, TokenEvent
+from batching.engine.builder import RequestBuilder
+from batching.engine.events import Event, FinishedEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
 from batching.serve import responses
+from batching.serve.body_limit import BodyLimit
 from batching.serve.gateway import Gateway, Stream
 from batching.serve.metrics import FINISH_REASONS
 from batching.serve.schemas import (
@@ -41,9 +43,11 @@ from batching.serve.schemas import (
     served_models,
 )
 from batching.serve.stops import StreamedText, cut
-from batching.service import QueueFullError
+from batching.service import EngineDeadError, QueueFullError
 
 logger = logging.getLogger(__name__)
+
+RETRY_AFTER = {"Retry-After": "1"}  # a full engine, or one restarting: seconds until trying again is worth it
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class ApiConfig:
     default_max_tokens: int
     sampling: SamplingDefaults
     api_key: str | None = None
+    max_body_bytes: int | None = None  # a larger body is a 413 before anything reads it
+    request_timeout_s: float | None = None  # a request still unanswered this long after it came is cancelled: 504
 
 
 class ApiError(Exception):
@@ -77,15 +83,19 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: ApiConfig) -> FastAPI:
+def create_app(gateway: Gateway, config: ApiConfig) -> FastAPI:
     app = FastAPI(title="Batchscope", summary="An OpenAI-compatible API over Batchscope's continuous batcher")
+    if config.max_body_bytes is not None:
+        app.add_middleware(BodyLimit, limit=config.max_body_bytes)
     _install_error_handlers(app)
     _install_auth(app, config.api_key)
 
     @app.get("/health", responses=responses.HEALTH)
-    def health() -> Response:
-        if not gateway.service.lifecycle.alive:
-            return JSONResponse({"status": "engine stopped"}, status_code=503)
+    async def health() -> Response:  # on the event loop: it answers as long as the loop does
+        lifecycle = gateway.service.lifecycle
+        if not lifecycle.alive:
+            body = {"status": lifecycle.state.value, "reason": lifecycle.last_error}
+            return JSONResponse(body, status_code=503, headers=RETRY_AFTER)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models", responses=responses.MODELS)
@@ -97,13 +107,15 @@ def create_app(gateway: Gateway, tokenizer: PreTrainedTokenizerBase, config: Api
     def metrics() -> Response:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    builder = gateway.service.admission.builder(gateway.options)  # the engine's own checks
+
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        prompt = body.one_prompt()
-        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if isinstance(prompt, str) else prompt
-        return await _generate(gateway, config, body, ids, "text_completion", request)
+        prompt = functools.partial(_completion_prompt, builder, body.one_prompt())
+        return await _answered(_generate(gateway, config, body, prompt, "text_completion", request))
 
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _generate(gateway, config, body, _chat_prompt(tokenizer, body), "chat.completion", request)
+        prompt = functools.partial(_chat_prompt, builder, body)
+        return await _answered(_generate(gateway, config, body, prompt, "chat.completion", request))
 
     # FastAPI reads each body's type from the annotation: this server's, whose fields carry its limits
     completion_body, chat_body = served_models(config.limits)
@@ -141,44 +153,76 @@ def _openapi(app: FastAPI, bodies: tuple[type[BaseModel], ...], keyed: bool) -> 
     return app.openapi_schema
 
 
-def _chat_prompt(tokenizer: PreTrainedTokenizerBase, body: ChatCompletionRequest) -> list[int]:
+def _completion_prompt(builder: RequestBuilder, prompt: str | list[int]) -> list[int]:
+    """A completion's prompt as token ids: text tokenised as `generate` would (with the model's BOS, if any)."""
+    return prompt if isinstance(prompt, list) else builder.tokenize(prompt)
+
+
+def _chat_prompt(builder: RequestBuilder, body: ChatCompletionRequest) -> list[int]:
     """The conversation through the tokenizer's chat template, tokenised as the template wrote it (no extra BOS)."""
+    tokenizer = builder.tokenizer
     if not tokenizer.chat_template:
         raise ApiError(400, "this model has no chat template: use /v1/completions", "messages")
     try:
         text = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
     except TemplateError as exc:  # the template's own refusal (roles out of order, say)
         raise ApiError(400, f"the model's chat template refused these messages: {exc}", "messages") from None
+    builder.check_length(str(text))
     ids: list[int] = tokenizer(str(text), add_special_tokens=False)["input_ids"]
     return ids
 
 
+async def _answered(answer: Awaitable[Response]) -> Response:
+    """`answer`, or a fault of ours as a 500 of one line, answered like any error: Starlette's last-resort handler
+    would answer it too, then raise it on to the server, which closes the client's keep-alive connection."""
+    try:
+        return await answer
+    except ApiError:
+        raise
+    except Exception as exc:
+        logger.exception("a request failed")
+        raise ApiError(500, f"internal error: {type(exc).__name__}", None, "server_error") from None
+
+
 async def _generate(
-    gateway: Gateway, config: ApiConfig, body: GenerationFields, prompt: list[int], kind: str, request: Request
+    gateway: Gateway,
+    config: ApiConfig,
+    body: GenerationFields,
+    prompt_ids: Callable[[], list[int]],
+    kind: str,
+    request: Request,
 ) -> Response:
     limits = config.limits
     if body.model is not None and body.model != limits.model_id:
         raise ApiError(400, f"model={body.model!r} is not served here: use {limits.model_id!r}", "model")
-    cap = body.cap(config.default_max_tokens)
-    room = limits.window - len(prompt)
-    if room >= 1:  # else the prompt is too long, and the engine's check says so
-        cap = min(cap, room)
+
+    def prepare() -> tuple[list[int], RequestParams]:
+        """The prompt's ids (tokenised or rendered: work in proportion to the body) and the engine's parameters."""
+        prompt = prompt_ids()
+        cap = body.cap(config.default_max_tokens)
+        room = limits.window - len(prompt)
+        if room >= 1:  # else the prompt is too long, and the engine's check says so
+            cap = min(cap, room)
+        return prompt, body.request_params(cap, config.sampling)
+
     try:
-        params = body.request_params(cap, config.sampling)
-        stream = gateway.submit(prompt, params)
+        stream = await gateway.submit(prepare)
     except QueueFullError as exc:
-        raise ApiError(429, str(exc), None, "rate_limit_error") from None
-    except RuntimeError as exc:
-        raise ApiError(503, str(exc), None, "server_error") from None
+        raise ApiError(429, str(exc), None, "rate_limit_error", RETRY_AFTER) from None
+    except EngineDeadError as exc:
+        raise ApiError(503, str(exc), None, "server_error", RETRY_AFTER) from None
     except ValueError as exc:
         raise ApiError(400, str(exc), _param_of(str(exc), kind)) from None
-    reply = _Reply(kind, limits.model_id, stream, params, gateway)
+    reply = _Reply(kind, limits.model_id, stream, gateway, config.request_timeout_s)
     if body.stream:
         options = body.stream_options
         usage = bool(options and options.include_usage), bool(options and options.continuous_usage_stats)
         return StreamingResponse(_guarded(gateway, stream, reply.sse(*usage)), media_type="text/event-stream")
     try:
         finished = await reply.wait(request)
+    except Overdue as overdue:
+        gateway.cancel(stream.request.request_id)
+        raise overdue.error from None
     finally:
         gateway.forget(stream.request.request_id)
     if finished is None:  # the client left before the answer was done
@@ -208,6 +252,12 @@ async def _guarded(gateway: Gateway, stream: Stream, chunks: AsyncIterator[str])
         gateway.forget(request_id)
 
 
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone (its body was read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _param_of(message: str, kind: str) -> str:
     if message.startswith("max_new_tokens"):
         return "max_tokens"
@@ -216,33 +266,66 @@ def _param_of(message: str, kind: str) -> str:
     return "messages" if kind == "chat.completion" else "prompt"
 
 
-class _Reply:
-    """Builds one request's response bodies (whole, or SSE chunks) from its events, stop strings left out."""
+class Overdue(Exception):
+    """A request outlived the server's deadline (`ApiConfig.request_timeout_s`); `error` is its 504."""
 
-    def __init__(self, kind: str, model_id: str, stream: Stream, params: RequestParams, gateway: Gateway) -> None:
-        self.kind, self.model_id, self.stream, self.params, self.gateway = kind, model_id, stream, params, gateway
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"deadline of {timeout_s:g} s")
+        message = (
+            f"the request was not answered within this server's deadline of {timeout_s:g} s "
+            "(BATCHSCOPE_SERVER__REQUEST_TIMEOUT_S) and was cancelled"
+        )
+        self.error = ApiError(504, message, None, "timeout_error")
+
+
+class _Reply:
+    """Builds one request's response bodies (whole, or SSE chunks) from its events, stop strings left out; a
+    request past `timeout_s` since it came raises `Overdue`."""
+
+    def __init__(
+        self, kind: str, model_id: str, stream: Stream, gateway: Gateway, timeout_s: float | None = None
+    ) -> None:
+        self.kind, self.model_id, self.stream, self.gateway = kind, model_id, stream, gateway
+        self.params = stream.request.params
+        self.timeout_s = timeout_s
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self.chat = kind == "chat.completion"
         prefix = "chatcmpl" if self.chat else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
     async def wait(self, request: Request) -> FinishedEvent | None:
-        """The final event, or None if the client disconnected first."""
-        while True:
-            try:
-                event = await asyncio.wait_for(self.stream.events.get(), timeout=0.5)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    return None
-                continue
-            if isinstance(event, FinishedEvent):
-                return event
+        """The final event, or None if the client disconnected first: its going is heard as it happens (the
+        server's `http.disconnect`), so its request is cancelled before the engine's next step."""
+        final, gone = asyncio.ensure_future(self._final()), asyncio.ensure_future(_disconnect(request))
+        try:
+            await asyncio.wait((final, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            final.cancel()
+            gone.cancel()
+        return final.result() if final.done() and not final.cancelled() else None
+
+    async def _final(self) -> FinishedEvent:
+        while not isinstance(event := await self._next(), FinishedEvent):
+            pass
+        return event
+
+    async def _next(self) -> Event:
+        """The request's next event; raises Overdue once its deadline has passed."""
+        if self.deadline is None or self.timeout_s is None:
+            return await self.stream.events.get()
+        try:
+            return await asyncio.wait_for(self.stream.events.get(), self.deadline - time.monotonic())
+        except TimeoutError:
+            raise Overdue(self.timeout_s) from None
 
     def fault(self, finished: FinishedEvent) -> ApiError:
-        """A request the engine failed: 503 when the engine process stopped (the next request starts another),
-        else 500."""
-        status = 500 if self.gateway.service.lifecycle.alive else 503
-        return ApiError(status, f"the request failed in the engine: {finished.error}", None, "server_error")
+        """A request the engine failed: 503 when its engine process stopped (another is being started), else
+        500."""
+        lifecycle = self.gateway.service.lifecycle
+        if lifecycle.alive and lifecycle.generation == self.stream.generation:
+            return ApiError(500, f"the request failed in the engine: {finished.error}", None, "server_error")
+        return ApiError(503, f"the request failed: {finished.error}", None, "server_error", RETRY_AFTER)
 
     def ending(self, finished: FinishedEvent) -> tuple[str, str]:
         """The whole answer, cut at its stop string, and its finish reason ("stop" when a stop string ended it)."""
@@ -272,7 +355,13 @@ class _Reply:
                 first["usage"] = _usage(prompt_tokens, 0)
             yield _sse(first)
         while True:
-            event = await self.stream.events.get()
+            try:
+                event = await self._next()
+            except Overdue as overdue:
+                self.gateway.cancel(self.stream.request.request_id)
+                yield _sse(overdue.error.body())
+                yield "data: [DONE]\n\n"
+                return
             if isinstance(event, TokenEvent):
                 piece = text.push(event.text)
                 if not piece:

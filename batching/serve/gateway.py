@@ -1,5 +1,8 @@
 """The API's handle on the shared engine: one engine session for every HTTP request, and a thread that routes that
 session's events to each request's asyncio queue (no per-request polling: a token reaches its stream at once).
+
+A request is prepared (tokenised, its chat template rendered, checked) and queued in a worker thread: nothing that
+grows with a request's size runs on the event loop, so one large request never stalls the others or `/health`.
 """
 
 from __future__ import annotations
@@ -7,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from batching.engine.events import Event, FinishedEvent, PreemptedEvent, StepEvent
@@ -18,13 +22,18 @@ from batching.service import BatcherLoad, EngineClient, Session, Submitted
 
 logger = logging.getLogger(__name__)
 
+PREPARE_THREADS = 2  # requests tokenised at once (the tokenizer's own work releases the interpreter lock)
+Prepare = Callable[[], tuple[Sequence[int], RequestParams]]
+
 
 @dataclass
 class Stream:
-    """One HTTP request's view of its engine request: its events arrive on `events`."""
+    """One HTTP request's view of its engine request: its events arrive on `events`; `generation`: the engine
+    process it was sent to (`EngineLifecycle.generation`)."""
 
     request: Submitted
     events: asyncio.Queue[Event]
+    generation: int
 
 
 class Gateway:
@@ -34,11 +43,12 @@ class Gateway:
         self.service = service
         self.options = options
         self.max_queue = max_queue
-        self.metrics = ApiMetrics(self.load)
+        self.metrics = ApiMetrics(self.load, lambda: dict(service.lifecycle.restart_causes))
         self._session: Session = service.open_session(options, max_queue)
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Stream]] = {}
         self._last_token: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._workers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="batchscope-api-prepare")
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._route, name="batchscope-api-router", daemon=True)
         self._thread.start()
@@ -47,15 +57,32 @@ class Gateway:
         """What the API's batcher holds now (everyone's requests on it, browser tabs included)."""
         return self.service.load(self.options)
 
-    def submit(self, prompt: str | Sequence[int], params: RequestParams) -> Stream:
-        """Queue a request; raises ValueError (bad input), QueueFullError (limits) or EngineDeadError."""
-        session = self._session_now()
+    async def submit(self, prepare: Prepare) -> Stream:
+        """Prepare a request (its prompt's ids and parameters) and queue it, in a worker thread; raises what
+        `prepare` raises, ValueError (bad input), QueueFullError (limits) or EngineDeadError."""
         loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._workers, self._submit_now, prepare, loop)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:  # the client left while its request was prepared: it runs for no one
+            future.add_done_callback(self._drop)
+            raise
+
+    def _submit_now(self, prepare: Prepare, loop: asyncio.AbstractEventLoop) -> Stream:
+        prompt, params = prepare()
+        session = self._session_now()
+        generation = self.service.lifecycle.generation  # read first: a restart after it is seen as one
         with self._lock:  # hold it so the router cannot see the first event before the stream is registered
             request = session.submit(prompt, params)
-            stream = Stream(request, asyncio.Queue())
+            stream = Stream(request, asyncio.Queue(), generation)
             self._streams[request.request_id] = (loop, stream)
         return stream
+
+    def _drop(self, future: asyncio.Future[Stream]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            request_id = future.result().request.request_id
+            self.forget(request_id)
+            self.cancel(request_id)
 
     def cancel(self, request_id: str) -> None:
         self._session.cancel(request_id)
@@ -66,13 +93,14 @@ class Gateway:
             self._streams.pop(request_id, None)
 
     def close(self) -> None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
         self._stopping.set()
         self._thread.join(timeout=2)
         self._session.close()
 
     def _session_now(self) -> Session:
-        """The engine session, reopened if the engine was restarted or the session reaped."""
-        if self.service.lifecycle.ensure_running() or self._session.closed:
+        """The engine session, reopened if it was reaped."""
+        if self._session.closed:
             self._session = self.service.open_session(self.options, self.max_queue)
         return self._session
 
@@ -93,6 +121,7 @@ class Gateway:
             self.metrics.observe_finished(event)
             self._last_token.pop(event.request_id, None)  # only this thread touches it: a cancelled stream's too
         else:
+            self.metrics.generation_tokens.inc()  # as it comes: the tokens of a request its engine's death ends count
             previous = self._last_token.get(event.request_id)
             if previous is not None:
                 self.metrics.observe_token_gap(event.time - previous)

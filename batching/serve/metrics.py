@@ -3,16 +3,17 @@
 Gauges (running, waiting, KV-cache use, slot occupancy) are read from the engine when scraped and cover everyone
 using it, browser tabs included; so do the KV counters (preemptions, prefix-cache queries and hits), read from every
 step's memory view, and the steps by how they ran (`engine_steps_total{path}`: eager, compiled, direct). Latency
-histograms and the request counters cover the requests served through this API.
+histograms and the request counters cover the requests served through this API. The engine's restarts, by cause
+(`engine_restarts_total{cause}`: exited, unresponsive, hung), are read from its client when scraped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from batching.engine.events import FinishedEvent, MemoryView, StepEvent, StepPath, WaitReason
@@ -47,15 +48,34 @@ class _LoadCollector(Collector):
         yield GaugeMetricFamily(PREFIX + "slot_occupancy", "Busy slots / slots, 0 to 1.", occupancy)
 
 
-class ApiMetrics:
-    """One registry per server: the engine's gauges plus what this API observed of its own requests."""
+class _RestartCollector(Collector):
+    def __init__(self, read: Callable[[], Mapping[str, int]]) -> None:
+        self.read = read
 
-    def __init__(self, read_load: Callable[[], BatcherLoad]) -> None:
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        restarts = CounterMetricFamily(
+            PREFIX + "engine_restarts", "Engine processes restarted by the server, by cause.", labels=["cause"]
+        )
+        for cause, count in self.read().items():
+            restarts.add_metric([cause], count)
+        yield restarts
+
+
+class ApiMetrics:
+    """One registry per server: the engine's gauges and restarts plus what this API observed of its own requests."""
+
+    def __init__(
+        self, read_load: Callable[[], BatcherLoad], read_restarts: Callable[[], Mapping[str, int]] = dict
+    ) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_LoadCollector(read_load))
+        self.registry.register(_RestartCollector(read_restarts))
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
             return Histogram(PREFIX + name, doc, buckets=buckets, registry=self.registry)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=self.registry)
 
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token, from arrival.")
         self.itl = histogram("inter_token_latency_seconds", "Time between two tokens of one request.")
@@ -64,43 +84,30 @@ class ApiMetrics:
         self.iteration_tokens = histogram(
             "iteration_tokens_total", "Tokens (prompt + decode) one engine step computed.", _TOKEN_BUCKETS
         )
-        self.prompt_tokens = Counter(
-            PREFIX + "prompt_tokens", "Prompt tokens of finished requests.", registry=self.registry
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter(
+            "generation_tokens",
+            "Tokens generated, counted as each is (a request that failed or was cancelled counts what it generated).",
         )
-        self.generation_tokens = Counter(
-            PREFIX + "generation_tokens", "Tokens generated for finished requests.", registry=self.registry
+        self.success = counter("request_success", "Finished requests by reason.", ("finished_reason",))
+        self.preemptions = counter("num_preemptions", "Cumulative number of preemptions from the engine.")
+        self.prefix_queries = counter(
+            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         )
-        self.success = Counter(
-            PREFIX + "request_success", "Finished requests by reason.", ["finished_reason"], registry=self.registry
-        )
-        self.preemptions = Counter(
-            PREFIX + "num_preemptions", "Cumulative number of preemptions from the engine.", registry=self.registry
-        )
-        self.prefix_queries = Counter(
-            PREFIX + "prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            registry=self.registry,
-        )
-        self.prefix_hits = Counter(
-            PREFIX + "prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            registry=self.registry,
-        )
-        self.waiting = Counter(
-            PREFIX + "waiting_request_steps",
+        self.prefix_hits = counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.waiting = counter(
+            "waiting_request_steps",
             "Steps requests in the batcher spent computing nothing, by why the scheduler left them out (one per "
             "request per step).",
-            ["reason"],
-            registry=self.registry,
+            ("reason",),
         )
         for reason in WaitReason:  # every reason listed from the start, at 0
             self.waiting.labels(reason=reason.name.lower())
-        self.steps = Counter(
-            PREFIX + "engine_steps",
+        self.steps = counter(
+            "engine_steps",
             "Engine steps of the API's batcher by how they ran: eager, through a compiled graph (torch.compile's "
             "entry), or its graph called directly.",
-            ["path"],
-            registry=self.registry,
+            ("path",),
         )
         for path in get_args(StepPath):  # every path listed from the start, at 0
             self.steps.labels(path=path)
@@ -132,7 +139,6 @@ class ApiMetrics:
     def observe_finished(self, event: FinishedEvent) -> None:
         self.success.labels(finished_reason=FINISH_REASONS[event.reason]).inc()
         self.prompt_tokens.inc(event.prompt_tokens)
-        self.generation_tokens.inc(event.output_tokens)
         self.e2e.observe(event.e2e_s)
         if event.ttft_s is not None:
             self.ttft.observe(event.ttft_s)

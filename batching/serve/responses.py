@@ -92,11 +92,18 @@ class ModelList(BaseModel):
 
 
 class Health(BaseModel):
+    """`ok`; else `restarting` (the engine died or stopped making progress) or `gave up` (restarted too often: the
+    server is exiting), with the reason."""
+
     status: str
+    reason: str | None = None
 
 
 def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
+
+
+_RETRY = {"Retry-After": {"description": "Seconds after which trying again is worth it", "schema": {"type": "string"}}}
 
 
 # With OpenAPI 3.1 an event stream's `schema` describes each event (data: a chunk as JSON, an error, or [DONE])
@@ -125,16 +132,30 @@ def generation(answer: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
             "(named), a value out of range, another model's name, a prompt beyond the context"
         ),
         401: _AUTH,
-        429: _error("The engine is full (`BATCHSCOPE_LIMITS__MAX_QUEUE_TOTAL`): try again in a moment"),
+        413: _error("A body over the server's limit (`BATCHSCOPE_SERVER__MAX_BODY_BYTES`), refused before it is read"),
+        429: {
+            **_error("The engine is full (`BATCHSCOPE_LIMITS__MAX_QUEUE_TOTAL`): try again in a moment"),
+            "headers": _RETRY,
+        },
         499: {"description": "The client went away before the answer was done (it never reads this)"},
         500: _FAULT,
-        503: _error("The engine process stopped (the next request starts a new one)"),
+        504: _error(
+            "Not answered within the server's deadline (`BATCHSCOPE_SERVER__REQUEST_TIMEOUT_S`, none by default)"
+        ),
+        503: {
+            **_error("The engine process stopped or went silent; the server is restarting it"),
+            "headers": _RETRY,
+        },
     }
 
 
 HEALTH: dict[int | str, dict[str, Any]] = {
     200: {"model": Health, "description": "The engine is up"},
-    503: {"model": Health, "description": "The engine process stopped"},
+    503: {
+        "model": Health,
+        "description": "The engine is being restarted, or was restarted too often",
+        "headers": _RETRY,
+    },
     500: _FAULT,
 }
 MODELS: dict[int | str, dict[str, Any]] = {

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator
 
 from batching.engine.params import MAX_SEED, RequestParams, SamplingParams
+from batching.serve.stops import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 # Below this a temperature is raised to it, as vLLM does: logits divided by less overflow float32 (0 means greedy).
 MIN_TEMPERATURE = 0.01
@@ -61,13 +62,29 @@ No = Annotated[Literal[False], _json_equal(False)]
 Cap = Annotated[int, Field(ge=1), _WHOLE]
 TopK = Annotated[int, Field(ge=-1), _WHOLE]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED), _WHOLE]
-StopString = Annotated[str, Field(min_length=1)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+StopStrings = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 PromptText = Annotated[str, Field(pattern=r"\S")]  # some text besides whitespace (str.strip's, as the engine's)
 Zero = Annotated[float, Field(ge=0.0, le=0.0)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", regex_engine="python-re")
+    model_config = ConfigDict(strict=True, extra="forbid", regex_engine="python-re", allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _unicode(cls, value: object) -> object:
+        """Text must be Unicode: JSON's escapes can spell a lone surrogate (`"\\ud83d"`), which no tokenizer takes."""
+        for text in value if isinstance(value, list) else (value,):
+            if isinstance(text, str) and not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise ValueError(
+                        f"character {exc.start} is a lone surrogate ({text[exc.start]!r}), not text: send whole "
+                        "characters (a surrogate pair, or UTF-8)"
+                    ) from None
+        return value
 
 
 class StreamOptions(_Body):
@@ -96,7 +113,7 @@ class GenerationFields(_Body):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: TopK | None = None
     seed: Seed | None = None
-    stop: StopString | list[StopString] | None = None
+    stop: StopString | StopStrings | None = None
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool | None = None
     stream: bool | None = None

@@ -5,12 +5,14 @@ already runs the shared engine (the Streamlit page, when `BATCHSCOPE_SERVER__POR
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import FrameType
 
 import uvicorn
 from transformers import GenerationConfig
@@ -31,10 +33,47 @@ from utils.log_setup import configure_logging
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8000
+ENGINE_GAVE_UP = 3  # the exit code when the engine was restarted too often (`BATCHSCOPE_ENGINE__MAX_RESTARTS`)
+GRACEFUL_EXIT_S = 5  # how long open connections may finish when the server exits
 
 
 class ServeError(Exception):
     """Bad flags: one line on stderr, exit code 2."""
+
+
+class ExitWhenGivenUp:
+    """What the server does when its engine was restarted too often: it stops serving and exits non-zero
+    (`ENGINE_GAVE_UP`), so that the process manager above it (systemd, Kubernetes) starts it afresh."""
+
+    def __init__(self) -> None:
+        self.code = 0
+        self.server: uvicorn.Server | None = None
+
+    def __call__(self, reason: str) -> None:
+        logger.critical("the server exits: %s", reason)
+        self.code = ENGINE_GAVE_UP
+        if self.server is not None:
+            self.server.should_exit = True
+
+    def serve(self, server: uvicorn.Server) -> int:
+        """Run `server` until it stops; the exit code."""
+        self.server = server
+        server.should_exit = server.should_exit or bool(self.code)
+        server.run()
+        return self.code
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server, which tells the engine's supervisor first when a signal stops it: the same signal may
+    reach the engine process (Ctrl+C, or systemd's SIGTERM to the whole group), which is then not restarted."""
+
+    def __init__(self, config: uvicorn.Config, service: EngineClient) -> None:
+        super().__init__(config)
+        self.service = service
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.service.lifecycle.stop_restarting()
+        super().handle_exit(sig, frame)
 
 
 def api_config(settings: Settings, service: EngineClient, options: BatcherOptions) -> ApiConfig:
@@ -49,7 +88,30 @@ def api_config(settings: Settings, service: EngineClient, options: BatcherOption
         window=window,
     )
     sampling = sampling_defaults(settings.model)
-    return ApiConfig(limits, settings.generation.max_new_tokens, sampling, settings.server.api_key)
+    server = settings.server
+    return ApiConfig(
+        limits,
+        settings.generation.max_new_tokens,
+        sampling,
+        server.api_key,
+        server.max_body_bytes,
+        server.request_timeout_s,
+    )
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A line to log when the API listens beyond this machine without a key (anyone who reaches it may use it)."""
+    if api_key is not None or host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host.strip("[]")).is_loopback:
+            return None
+    except ValueError:  # a host name: it may resolve to anything
+        pass
+    return (
+        f"the API listens on {host}, beyond this machine, without an API key: anyone who can reach it may use it; "
+        "set --api-key (or BATCHSCOPE_SERVER__API_KEY)"
+    )
 
 
 def sampling_defaults(model: ModelSettings) -> SamplingDefaults:
@@ -83,8 +145,10 @@ class BackgroundServer:
 
 def start_background(service: EngineClient, settings: Settings, port: int) -> BackgroundServer:
     """Serve the API from this process on `port`, sharing `service`'s engine with whoever else uses it."""
+    if (warning := exposure_warning(settings.server.host, settings.server.api_key)) is not None:
+        logger.warning("%s", warning)
     gateway = Gateway(service, engine_options(settings), settings.limits.max_queue_total)
-    app = create_app(gateway, service.tokenizer, api_config(settings, service, gateway.options))
+    app = create_app(gateway, api_config(settings, service, gateway.options))
     config = uvicorn.Config(app, host=settings.server.host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="batchscope-api", daemon=True)
@@ -155,12 +219,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = _with_flags(settings, args)
         for warning in setting_warnings():
             logger.warning("%s", warning)
+        if (exposed := exposure_warning(settings.server.host, settings.server.api_key)) is not None:
+            logger.warning("%s", exposed)
         options = engine_options(settings)
         # The graphs every step of this batcher will use are made before the engine says it is ready (each line
         # logged as it goes), so no request waits on a compiler; --no-compile starts at once, eager.
         prepare = options if settings.engine.compile_steps else None
         config = EngineConfig(settings.model, settings.tokenizer, settings.engine, prepare=prepare)
-        service = EngineClient(config, settings.limits)
+        exit_when_given_up = ExitWhenGivenUp()
+        service = EngineClient(config, settings.limits, on_give_up=exit_when_given_up)
         given = bool({"kv_cache_tokens", "kv_cache_mb"} & settings.batching.model_fields_set)
         options, pool_line = serving_pool(options, service.info.geometry, given, available_memory_bytes())
         logger.info("%s", pool_line)
@@ -171,12 +238,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.info("compiled steps are off: every step runs eager")
     warm_up(service, options)
     gateway = Gateway(service, options, settings.limits.max_queue_total)
-    app = create_app(gateway, service.tokenizer, api_config(settings, service, options))
+    app = create_app(gateway, api_config(settings, service, options))
     port = args.port or settings.server.port or DEFAULT_PORT
     logger.info("serving %s on http://%s:%d/v1", service.info.name, settings.server.host, port)
+    served = uvicorn.Config(
+        app,
+        host=settings.server.host,
+        port=port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_EXIT_S,
+    )
     try:
-        uvicorn.run(app, host=settings.server.host, port=port, log_level=args.log_level, access_log=False)
+        return exit_when_given_up.serve(StoppingServer(served, service))
     finally:
         gateway.close()
         service.close()
-    return 0

@@ -64,7 +64,7 @@ class Admission:
         """Raise QueueFullError or ValueError if `session` may not add a request now (the caller holds the
         router's lock)."""
         if session.closed:
-            raise ValueError("this session is closed: reload the page")
+            raise ValueError("this session is closed (it went silent): open a new one")
         in_flight = self.router.owner
         limits = self.limits
         if len(in_flight) >= limits.max_queue_total:

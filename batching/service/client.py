@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
@@ -60,9 +60,15 @@ def engine_options(settings: Settings, batch_size: int | None = None, policy: st
 
 
 class EngineClient:
-    """Starts the engine process for `config` and is every caller's way to it (thread-safe)."""
+    """Starts the engine process for `config` and is every caller's way to it (thread-safe). `on_give_up` hears
+    when the engine was restarted too often and is no longer restarted (`EngineLifecycle`)."""
 
-    def __init__(self, config: EngineConfig, limits: LimitSettings | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        limits: LimitSettings | None = None,
+        on_give_up: Callable[[str], None] | None = None,
+    ) -> None:
         self.config = config
         source = resolve_source(config.model.name_or_path)  # a missing folder fails here, before any process starts
         remembered = remembered_hub_failure(config.model)  # an unreachable hub is not tried again by every tab
@@ -70,7 +76,7 @@ class EngineClient:
             raise remembered
         self.router = Router()
         try:
-            self.lifecycle = EngineLifecycle(config, self.router)
+            self.lifecycle = EngineLifecycle(config, self.router, on_give_up)
         except ModelLoadError as error:
             remember_hub_failure(config.model, error)
             raise

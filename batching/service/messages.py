@@ -3,7 +3,8 @@
 Client -> engine: `Submit`, `Cancel`, `OpenPrivate`, `RunPrivate`, `ClosePrivate`, the race's `StartRace`,
 `RaceAdd`, `RacePace`, `StopRace`, `CloseRace`, and `Shutdown`.
 Engine -> client: `Progress` lines while it starts, `Ready` or `LoadFailed` once, then `Outputs` (one per batcher
-step), `RunEnded`, `LaneOutputs` (one per race step), `RaceEnded`, `EngineStats`.
+step), `RunEnded`, `LaneOutputs` (one per race step), `RaceEnded`, `EngineStats`; and a `Heartbeat` every
+`HEARTBEAT_S` from its start to its end.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from batching.engine.events import Event
 from batching.engine.geometry import PoolGeometry
 from batching.engine.options import BatcherOptions
 from batching.engine.request import Request
+from batching.engine.threads import ThreadChoice
 from batching.race import LaneStep
 from config.settings import EngineSettings, ModelSettings, TokenizerSettings
 
@@ -37,6 +39,9 @@ class EngineConfig:
     # said in a `Progress` line: the API server's, so no request it serves waits on a compiler. None: made in the
     # background when first asked (the page's engine).
     prepare: BatcherOptions | None = None
+    # The torch thread count to run on, untimed: a restart keeps its first start's choice (`EngineInfo.thread_choice`),
+    # so it neither times the counts again (seconds on a busy machine) nor makes graphs for another count. None: timed.
+    threads: ThreadChoice | None = None
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,13 @@ class EngineInfo:
     pid: int
     geometry: PoolGeometry  # what sizes a batcher's KV pool and bounds its requests (`Admission` checks by it)
     features: str = ""  # the attention features in use, e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
-    threads: str = ""  # how many torch threads the engine runs on, and why (`engine.threads.ThreadChoice.line`)
+    thread_choice: ThreadChoice | None = None  # how many torch threads the engine runs on, and why
     weights: str = ""  # the weights' precision and bytes, e.g. "4-bit GPTQ, group 128 weights, 3.2 MiB"
+
+    @property
+    def threads(self) -> str:
+        """The thread choice in one line (`engine.threads.ThreadChoice.line`)."""
+        return "" if self.thread_choice is None else self.thread_choice.line()
 
 
 # --- client -> engine -----------------------------------------------------------------------------------------
@@ -153,6 +163,17 @@ Command = (
 
 
 # --- engine -> client -----------------------------------------------------------------------------------------
+HEARTBEAT_S = 0.5
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The engine process is scheduled and its interpreter runs (sent by a thread of its own); `rounds`: how many
+    times its loop has gone round, so a loop stuck in one step shows too."""
+
+    rounds: int
+
+
 @dataclass(frozen=True)
 class Progress:
     """A line about the engine's start (a graph being made, and how long it took), logged by the client."""

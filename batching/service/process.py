@@ -3,7 +3,9 @@
 Like vLLM's engine core (vllm/v1/engine/core.py), the loop lives in a process of its own, so nothing a client does
 (drawing a page, tokenising, serving HTTP) competes with a step for the interpreter lock. It reads commands only
 between rounds, waits on the pipe when every batcher is idle, and exits when the client's end of the pipe closes
-(the client exited or was killed) or on `Shutdown`.
+(the client exited or was killed) or on `Shutdown`. A thread of its own sends a `Heartbeat` every `HEARTBEAT_S`
+with the loop's round count, from before the model loads to the end: its client tells a stopped or hung engine
+from a busy one by it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import functools
 import gc
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -29,7 +32,16 @@ from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.threads import pick_threads
 from batching.service.core import EngineCore
-from batching.service.messages import EngineConfig, EngineInfo, LoadFailed, Progress, Ready, Shutdown
+from batching.service.messages import (
+    HEARTBEAT_S,
+    EngineConfig,
+    EngineInfo,
+    Heartbeat,
+    LoadFailed,
+    Progress,
+    Ready,
+    Shutdown,
+)
 from model.loader import LoadedModel, ModelLoadError, load_model
 
 logger = logging.getLogger(__name__)
@@ -49,24 +61,51 @@ def engine_main(config: EngineConfig, commands: Connection, outputs: Connection)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s engine[%(process)d] %(levelname)s %(message)s")
     if config.initializer is not None:
         config.initializer()
-    loaded = _load(config, outputs)
+    pulse = Pulse(outputs)
+    loaded = _load(config, pulse)
     if loaded is None:
         return
-    core = EngineCore(loaded.model, loaded.tokenizer, config.engine, outputs.send)
+    core = EngineCore(loaded.model, loaded.tokenizer, config.engine, pulse.send)
     try:
-        run_loop(core, commands, parent=os.getppid())
+        run_loop(core, commands, parent=os.getppid(), pulse=pulse)
     except (EOFError, OSError, BrokenPipeError):
         logger.info("the client went away; the engine stops")
 
 
-def run_loop(core: EngineCore, commands: Connection, parent: int) -> None:
-    """Commands, then one step of every busy batcher, until `Shutdown`; an idle engine sleeps on the pipe.
+class Pulse:
+    """The engine's outputs pipe, shared under a lock by the loop and a heartbeat thread (`Heartbeat` every
+    `HEARTBEAT_S`, with how many rounds the loop has gone)."""
+
+    def __init__(self, outputs: Connection) -> None:
+        self.outputs = outputs
+        self.rounds = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._beat, name="batchscope-heartbeat", daemon=True).start()
+
+    def send(self, message: object) -> None:
+        with self._lock:
+            self.outputs.send(message)
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                self.send(Heartbeat(self.rounds))
+            except OSError:  # the client is gone; the loop sees it too
+                return
+            time.sleep(HEARTBEAT_S)
+
+
+def run_loop(core: EngineCore, commands: Connection, parent: int, pulse: Pulse | None = None) -> None:
+    """Commands, then one step of every busy batcher, until `Shutdown`; an idle engine sleeps on the pipe. Each
+    round is counted on `pulse` (its heartbeat says so).
 
     Also stops when the client's process is gone (`parent` is no longer our parent): another engine forked from
     it may hold a copy of our command pipe, so EOF alone cannot tell.
     """
     next_check = time.monotonic() + IDLE_WAIT_S
     while True:
+        if pulse is not None:
+            pulse.rounds += 1
         wake = core.next_work_s()  # 0: a batcher can step now; > 0: only slow-motion pauses; None: idle
         if commands.poll(IDLE_WAIT_S if wake is None else min(wake, IDLE_WAIT_S)):
             while True:
@@ -88,17 +127,19 @@ def run_loop(core: EngineCore, commands: Connection, parent: int) -> None:
             next_check = time.monotonic() + IDLE_WAIT_S
 
 
-def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
+def _load(config: EngineConfig, outputs: Pulse) -> LoadedModel | None:
     """Load and warm up the model, then say `Ready`; on failure send one line (`LoadFailed`) instead."""
     try:
         loaded = load_model(config.model, config.tokenizer)
         check_supported(loaded.model)  # refused before any request rather than answered wrongly
         # As many torch threads as make this model's steps fastest (`pick_threads`), up to torch's count (the cores,
         # or OMP_NUM_THREADS): timed now, before any graph is made (inductor bakes the count into its kernels).
-        choice = pick_threads(loaded.model, loaded.tokenizer, torch.get_num_threads(), config.engine.compile_steps)
+        choice = config.threads or pick_threads(
+            loaded.model, loaded.tokenizer, torch.get_num_threads(), config.engine.compile_steps
+        )
         torch.set_num_threads(choice.threads)
         if config.prepare is not None:  # the API server, which logs each line of its start
-            outputs.send(Progress(choice.line()))
+            outputs.send(Progress(choice.line() + (" (the first start's choice)" if config.threads else "")))
         if config.engine.compile_steps:  # graphs are made in the background by the first decode steps
             use_compile_cache(config.engine.compile_cache_dir)
         # One tiny request, so the first real one does not pay for warm-up.
@@ -129,7 +170,7 @@ def _load(config: EngineConfig, outputs: Connection) -> LoadedModel | None:
         pid=os.getpid(),
         features=attention_features(loaded.model),
         weights=loaded.weights.line(),
-        threads=choice.line(),
+        thread_choice=choice,
         geometry=PoolGeometry.of(loaded.model),
     )
     outputs.send(Ready(info))

@@ -4,7 +4,12 @@ and comparisons that warm the server up first and alternate which mode runs firs
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -14,6 +19,7 @@ from batching.remote import WARM_UP_TOKENS
 from tests.helpers import KEEP_EAGER, ROOT, free_port
 from tests.serve.helpers import our_server, served
 from utils.metrics import summarize
+from utils.plain_text import escape_markdown
 
 APP = str(ROOT / "streamlit_app.py")
 
@@ -49,7 +55,7 @@ def test_a_bad_url_is_one_line_in_the_sidebar_and_generate_starts_nothing(remote
     remote_env.setenv("BATCHSCOPE_REMOTE__URL", "localhost:8000")
     at = _open()
     assert [e.value for e in at.sidebar.error] == [
-        "'localhost:8000' is not a server address: type http://host:port or https://host[:port]"
+        escape_markdown("'localhost:8000' is not a server address: type http://host:port or https://host[:port]")
     ]
     _add(at, "How do I track my order?", 4)
     _generate(at)
@@ -62,7 +68,8 @@ def test_a_port_with_no_server_is_said_once_and_the_built_in_engine_is_one_click
 ) -> None:
     remote_env.setenv("BATCHSCOPE_REMOTE__URL", f"http://127.0.0.1:{free_port()}")
     at = _open()
-    assert len(at.sidebar.error) == 1 and "cannot connect to http://127.0.0.1" in at.sidebar.error[0].value
+    assert len(at.sidebar.error) == 1
+    assert escape_markdown("cannot connect to http://127.0.0.1") in at.sidebar.error[0].value
     at.switch_page("app/views/race.py").run()  # the race, in the navigation
     assert not at.exception, at.exception
     assert not at.sidebar.error and at.text_input(key="new_prompt") is not None
@@ -130,7 +137,8 @@ def test_each_comparison_warms_the_server_up_once_untimed_and_the_next_one_runs_
     comparisons, shown = at.session_state.remote_comparisons, at.session_state.remote_run
     _generate(at)  # the server is gone: the warm-up fails, nothing new starts, the last comparison stays
     errors = [e.value for e in at.main.error]
-    assert len(errors) == 1 and errors[0].startswith("the warm-up request failed, so nothing was run: cannot connect")
+    assert len(errors) == 1
+    assert errors[0].startswith(escape_markdown("the warm-up request failed, so nothing was run: cannot connect"))
     assert at.session_state.remote_run is shown and at.session_state.remote_comparisons == comparisons
 
 
@@ -142,7 +150,50 @@ def test_a_warm_up_that_fails_is_one_line_and_generate_starts_nothing(remote_env
     _add(at, "How do I track my order?", 4)
     _generate(at)
     assert [e.value for e in at.main.error] == [
-        f"the warm-up request failed, so nothing was run: cannot connect to {at.session_state.remote_url} "
-        "(connection refused or host unknown): is the server running on that port?"
+        escape_markdown(
+            f"the warm-up request failed, so nothing was run: cannot connect to {at.session_state.remote_url} "
+            "(connection refused or host unknown): is the server running on that port?"
+        )
     ]
     assert "remote_run" not in at.session_state and "remote_comparisons" not in at.session_state
+
+
+HOSTILE = "![pwned](http://evil.example/x.png) [click here](http://evil.example) **urgent**"
+
+
+@contextlib.contextmanager
+def hostile_server() -> Iterator[str]:
+    """A real HTTP server that answers every request with an error whose message is Markdown: an image, a link."""
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"error": {"message": HOSTILE}}).encode()
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_servers_error_text_is_shown_as_text_never_as_markdown(remote_env: pytest.MonkeyPatch) -> None:
+    with hostile_server() as url:
+        remote_env.setenv("BATCHSCOPE_REMOTE__URL", url)
+        at = _open()
+        said = f"{url}/v1/models answered HTTP 500: {HOSTILE}"
+        assert [e.value for e in at.sidebar.error] == [escape_markdown(said)]
+        _add(at, "How do I track my order?", 4)
+        _generate(at)
+        assert [e.value for e in at.main.error] == [escape_markdown(said)]

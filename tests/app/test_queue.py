@@ -17,6 +17,7 @@ from batching.engine.options import BatcherOptions
 from batching.engine.params import SamplingParams
 from batching.engine.request import FinishReason
 from batching.runs import RunRecord, ScheduledRun
+from utils.plain_text import escape_markdown
 
 
 def refuse_long(prompt: str, cap: int) -> None:
@@ -282,6 +283,19 @@ def test_a_refused_prompt_says_why_and_does_not_hold_the_run_open() -> None:
     run.fold([finished("s1/2", "ok", 1, 0)])
     assert run.views[0].status_line() == "not run: the engine is full"
     assert run.done and not run.completed
+
+
+HOSTILE = "![pwned](http://evil.example/x.png) [click](http://evil.example) **loud**"
+
+
+def test_a_servers_error_text_in_a_status_line_is_shown_as_text() -> None:
+    run = two_prompt_run()
+    run.refuse(run.views[0], HOSTILE)
+    run.submitted(run.views[1], "s1/2", 100.0)
+    run.fold([replace(finished("s1/2", "", 0, 0, reason=FinishReason.ERROR), error=HOSTILE)])
+    assert run.views[0].status_line() == f"not run: {escape_markdown(HOSTILE)}"
+    assert run.views[1].status_line().endswith(f" · {escape_markdown(HOSTILE)}")
+    assert "](" not in run.views[1].status_line() and "**" not in run.views[0].status_line()
 
 
 def test_latency_frame_runs_to_now_for_requests_still_going() -> None:

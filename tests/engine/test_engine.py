@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from batching.engine.batcher import Batcher
+from batching.engine.builder import OVERLONG_FACTOR
 from batching.engine.detokenizer import IncrementalDetokenizer
 from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
 from batching.engine.options import BatcherOptions
@@ -272,6 +273,19 @@ def test_bad_input_is_a_clear_value_error(llama, prompt, cap, options, message: 
         batcher.add(prompt, RequestParams(cap, **options))
     assert "\n" not in str(caught.value)
     assert not batcher.has_work
+
+
+def test_a_text_longer_than_any_prompt_of_the_tokens_allowed_is_refused_unread_and_one_that_fits_is_not(llama) -> None:
+    """The bound is what the vocabulary's longest token could cover, with room for a normalizer merging
+    characters: a prompt of the longest token that just fits in tokens passes it and is tokenised."""
+    builder = Batcher(llama.model, llama.tokenizer, BatcherOptions(max_prompt_tokens=256)).builder
+    longest = max(llama.tokenizer.get_vocab(), key=len)
+    word = llama.tokenizer.convert_tokens_to_string([longest])
+    fits = word * (200 // len(builder.tokenize(word)))
+    assert len(builder.tokenize(fits)) <= builder.max_prompt_tokens
+    far = "x" * (builder.max_prompt_tokens * builder.longest_token_chars * OVERLONG_FACTOR + 1)
+    with pytest.raises(ValueError, match=r"prompt has [\d,]+ characters, far more than 256 tokens hold"):
+        builder.tokenize(far)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ tests and the remote tests (page, API and browser side)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -95,3 +96,18 @@ def sse_events(url: str, path: str, body: dict) -> tuple[int, list[str]]:
     with urllib.request.urlopen(request, timeout=60) as answer:
         text = answer.read().decode()
         return answer.status, [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+
+
+def post_large(url: str, body: bytes, chunked: bool = False) -> tuple[int, dict]:
+    """POST a body the server may refuse before reading it all (and then close the connection on): sent whole
+    with its Content-Length, or in chunks without one; the status and the JSON answer."""
+    connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=60)
+    pieces = (body[start : start + 65536] for start in range(0, len(body), 65536))
+    try:
+        headers = {"Content-Type": "application/json"}
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it answered before the body was all sent
+            connection.request("POST", "/v1/completions", pieces if chunked else body, headers, encode_chunked=chunked)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()

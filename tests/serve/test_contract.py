@@ -29,7 +29,7 @@ from model.loader import load_model
 from model.prompting import format_prompt
 from tests.engine.helpers import reference
 from tests.helpers import free_port
-from tests.serve.helpers import async_openai_client, openai_client, our_server, post_json, sse_events
+from tests.serve.helpers import async_openai_client, openai_client, our_server, post_json, served, sse_events
 from tests.service.helpers import FAILING_SEED, fail_sampling_with_seed_666
 
 MODEL = "builtin"
@@ -225,10 +225,12 @@ def test_a_request_whose_engine_dies_is_a_503_a_stream_ends_with_an_error_event_
     server: tuple[str, int], builtin
 ) -> None:
     """kill -9 of the engine process mid-answer: the waiting request is a 503 (never a 200 with empty text), the
-    stream already under way gets an OpenAI-style error event and then [DONE]; the next request starts a new engine
-    and is answered token-exact. (Last in this module: it restarts the module's engine.)"""
+    stream already under way gets an OpenAI-style error event and then [DONE]; the server starts a new engine by
+    itself (/health is 200 again, no request asked) and the next request is answered token-exact. (Last in this
+    module: it restarts the module's engine.)"""
     url, pid = server
     engine = _engine_of(pid)
+    tokens_before = served(url)[1]
     body = {"prompt": PROMPT, "max_tokens": 900, "temperature": 0, "ignore_eos": True}
     request = urllib.request.Request(
         url + "/v1/completions", json.dumps({**body, "stream": True}).encode(), {"Content-Type": "application/json"}
@@ -256,12 +258,17 @@ def test_a_request_whose_engine_dies_is_a_503_a_stream_ends_with_an_error_event_
     assert failed.status_code == 503 and failed.body["type"] == "server_error"
     assert json.loads(events[-2])["error"]["code"] == 503 and events[-1] == "[DONE]"
     assert all("error" not in json.loads(event) for event in events[:-2])
-    answer = openai_client(url).completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0)
-    assert answer.choices[0].text == _greedy(builtin, PROMPT, 16, ignore_eos=False)
-    deadline = time.monotonic() + 10
-    while _engine_of(pid).pid == engine.pid and time.monotonic() < deadline:
+    assert failed.response.headers["retry-after"] == "1"
+    streamed = 1 + len(events) - 2  # the chunk read before the kill, then those up to the error
+    assert served(url)[1] - tokens_before >= streamed  # the tokens the dead engine generated are counted
+    deadline = time.monotonic() + 60
+    while not _listening(url) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _engine_of(pid).pid != engine.pid
+    answer = openai_client(url).completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0)
+    assert answer.choices[0].text == _greedy(builtin, PROMPT, 16, ignore_eos=False)
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as scraped:
+        assert 'batchscope:engine_restarts_total{cause="exited"} 1.0' in scraped.read().decode()
 
 
 def _listening(url: str) -> bool:

@@ -21,7 +21,7 @@ from config.settings import ModelSettings
 from model.loader import load_model
 from model.prompting import format_prompt
 from tests.engine.helpers import reference
-from tests.serve.helpers import openai_client, our_server, post_json
+from tests.serve.helpers import openai_client, our_server, post_json, post_large
 
 MODEL = "builtin"
 
@@ -159,6 +159,38 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server: str) -> Non
     assert figures.get(aborted, 0.0) == before + 1, figures
 
 
+def test_clients_that_hang_up_on_whole_answers_have_their_requests_aborted(server: str) -> None:
+    """Eight non-streaming requests of 1,000 tokens whose clients close the connection once all eight run: each
+    is cancelled (counted `abort`, not `length`) and every slot is free again."""
+    before = _metrics(server)
+    host, port = server.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "Q: Hello\nA:", "max_tokens": 1000, "ignore_eos": True})
+    connections = []
+    for _ in range(8):
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        connection.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        connections.append(connection)
+    deadline = time.monotonic() + 30
+    while _metrics(server)["batchscope:num_requests_running"] < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _metrics(server)["batchscope:num_requests_running"] == 8
+    for connection in connections:
+        connection.close()
+    aborted, length = (f"batchscope:request_success_total{{finished_reason={r}}}" for r in ("abort", "length"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        figures = _metrics(server)
+        if (
+            figures.get(aborted, 0.0) - before.get(aborted, 0.0) >= 8
+            and figures["batchscope:num_requests_running"] == 0
+        ):
+            break
+        time.sleep(0.05)
+    assert figures.get(aborted, 0.0) - before.get(aborted, 0.0) == 8
+    assert figures.get(length, 0.0) == before.get(length, 0.0)
+    assert figures["batchscope:num_requests_running"] == 0
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param", "message"),
     [
@@ -176,6 +208,13 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(server: str) -> Non
         ("/v1/completions", {"prompt": "hi", "stream": 1}, "stream", "valid boolean"),
         ("/v1/completions", {"prompt": "hello " * 2000}, "prompt", "allowed: shorten it"),
         ("/v1/completions", {"prompt": "hi", "stop": [""]}, "stop.0", "at least 1 character"),
+        ("/v1/completions", {"prompt": "hi", "stop": ["x"] * 10_000}, "stop", "at most 64 items"),
+        ("/v1/completions", {"prompt": "hi", "stop": "x" * 513}, "stop", "at most 512 characters"),
+        ("/v1/completions", {"prompt": "hi", "stop": ["a", "x" * 513]}, "stop.1", "at most 512 characters"),
+        ("/v1/completions", {"prompt": "hi", "temperature": float("nan")}, "temperature", "a finite number"),
+        ("/v1/completions", {"prompt": "\ud83d"}, "prompt", "unicode string"),
+        ("/v1/completions", {"prompt": "hi", "stop": ["\udc00"]}, "stop.0", "unicode string"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud83d"}]}, "messages.0.content", "lone"),
         ("/v1/completions", {"prompt": "hi", "seed": 2**64}, "seed", "less than or equal to 9223372036854775807"),
         ("/v1/completions", {"max_tokens": 3}, "prompt", "Field required"),
         ("/v1/chat/completions", {"messages": []}, "messages", "at least 1 item"),
@@ -190,6 +229,38 @@ def test_bad_input_gets_an_openai_style_400_naming_the_field(server: str, path, 
     error = answer["error"]
     assert message in error["message"] and error["param"] == param
     assert "Traceback" not in error["message"] and "\n" not in error["message"]
+
+
+def test_a_lone_surrogate_is_a_400_and_the_keep_alive_connection_serves_the_next_request(server: str) -> None:
+    host, port = server.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    headers = {"Content-Type": "application/json"}
+    bodies = [
+        {"messages": [{"role": "user", "content": "\ud83d"}], "max_tokens": 2},
+        {"messages": [{"role": "user", "content": "Hi \U0001f600"}], "max_tokens": 2},
+    ]
+    answers, sockets = [], []
+    for body in bodies:  # json.dumps writes the lone surrogate as the escape "\ud83d", as a client would
+        connection.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+        response = connection.getresponse()
+        answers.append((response.status, json.loads(response.read())))
+        sockets.append(connection.sock)
+    connection.close()
+    assert sockets[0] is not None and sockets[1] is sockets[0]  # one connection: not closed and opened again
+    assert answers[0][0] == 400 and "lone surrogate" in answers[0][1]["error"]["message"]
+    assert answers[1][0] == 200 and answers[1][1]["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(server: str, chunked: bool) -> None:
+    """5 MB of prompt: refused by its Content-Length before a byte of it is read, or once the chunks sent pass the
+    limit; the server answers the next request as before."""
+    body = json.dumps({"model": MODEL, "prompt": "hello " * 850_000, "max_tokens": 4}).encode()
+    status, answer = post_large(server, body, chunked)
+    error = answer["error"]
+    assert status == 413 and error["code"] == 413
+    assert "larger than this server takes (2,000,000 bytes)" in error["message"]
+    assert openai_client(server).completions.create(model=MODEL, prompt="Q: Hi\nA:", max_tokens=2).choices
 
 
 def test_metrics_parse_and_their_counters_match_the_requests_sent(server: str) -> None:

@@ -1,6 +1,7 @@
 """`python -m batching.serve` starting as a server: the graphs of its compiled steps made before the port opens, each
 said in the log, and no step it serves eager; `--no-compile` starting at once, every step eager; and its KV pool
-sized for serving and said in the log, not the page's demo pool."""
+sized for serving and said in the log, not the page's demo pool; a warning when it listens beyond this machine without a
+key."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from batching.bench.steady import steps_by_path
+from batching.serve.server import exposure_warning
 from tests.helpers import children_of
 from tests.serve.helpers import our_server
 from utils.allocator import find_tcmalloc
@@ -77,3 +79,15 @@ def test_no_compile_starts_at_once_eager_and_a_kv_budget_given_is_the_pool(
         pytest.skip("TCMalloc is not installed (apt-get install libtcmalloc-minimal4): the rest checks it is used")
     assert len(mapped) == 2 and all("libtcmalloc" in maps for maps in mapped), len(mapped)
     assert "malloc: TCMalloc (" in lines[_index(lines, "malloc: ")]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_listening_on_this_machine_alone_needs_no_key(host: str) -> None:
+    assert exposure_warning(host, None) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "gpu-box"])
+def test_listening_beyond_this_machine_without_a_key_is_warned_of_and_with_one_is_not(host: str) -> None:
+    warning = exposure_warning(host, None)
+    assert warning is not None and f"listens on {host}, beyond this machine, without an API key" in warning
+    assert "--api-key" in warning and exposure_warning(host, "sesame") is None

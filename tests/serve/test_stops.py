@@ -4,6 +4,8 @@ pieces come (the server-side tests check the same on the real model's answers)."
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batching.serve.stops import StreamedText, cut, stop_at
 
@@ -45,3 +47,38 @@ def test_the_rest_of_a_whole_answer_is_what_the_stream_has_not_sent() -> None:
     assert text.push("abc ST") == "abc "
     assert text.rest("abc ST\ufffd") == "ST\ufffd"  # the final decode's last character, and the tail held back
     assert text.rest("something else") == ""  # never resend or contradict what was sent
+
+
+def _whole_text_stream(pieces: list[str], stops: list[str]) -> list[str]:
+    """What a stream may send, worked out from the whole text after every piece (slow, obviously right)."""
+    text, sent, out = "", 0, []
+    for piece in pieces:
+        if sent < 0:
+            out.append("")
+            continue
+        text += piece
+        end = stop_at(text, stops)
+        if end is None:
+            tails = [n for stop in stops for n in range(1, len(stop)) if text.endswith(stop[:n])]
+            end = len(text) - max(tails, default=0)
+        out.append(text[sent:end] if end > sent else "")
+        sent = -1 if stop_at(text, stops) is not None else max(sent, end)
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.text("ab c", max_size=6), max_size=12),
+    st.lists(st.text("ab c", min_size=1, max_size=5), max_size=4),
+)
+def test_a_stream_matched_piece_by_piece_sends_what_the_whole_text_allows(pieces, stops) -> None:
+    assert _stream(pieces, stops) == _whole_text_stream(pieces, stops)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text("ab", max_size=8), max_size=20), st.lists(st.text("ab", min_size=1, max_size=6), max_size=3))
+def test_a_stream_keeps_only_a_tail_shorter_than_its_longest_stop_string(pieces, stops) -> None:
+    text = StreamedText(stops)
+    for piece in pieces:
+        text.push(piece)
+        assert len(text.held) < max((len(stop) for stop in stops), default=1)
