@@ -11,6 +11,7 @@ from app.runs.sweep import ServerChoice
 from app.server_sweep_view import LiveServerSweep
 from batching.bench.sweep_remote import named_url
 from batching.remote import RemoteError, parse_url
+from utils.plain_text import escape_markdown
 from utils.sweep_charts import SERVER_CHARTS, server_chart
 from utils.sweep_servers import CLIENT, METRICS, SERVER_FIGURES, server_frame, shown, spread_lines
 
@@ -82,7 +83,7 @@ def server_results(sweep: LiveServerSweep) -> None:
         (left if index % 2 == 0 else right).altair_chart(server_chart(frame, column), width="stretch")
     st.caption(SERVER_NOTE)
     for line in spread_lines(servers):
-        st.caption("How evenly the router spread the requests · " + line.removeprefix("spread "))
+        st.caption("How evenly the router spread the requests · " + escape_markdown(line.removeprefix("spread ")))
 
 
 def server_table(sweep: LiveServerSweep) -> pd.DataFrame:

@@ -4,7 +4,8 @@ counters (preemptions, requests finished) moved. A figure the server does not re
 the page show as "not reported", never as a 0.
 
 The readings are `TelemetryPoller`'s (the one `/metrics` reader): one before the window opens, the poller's own
-while it is open, and one after it closes, so a counter's move counts the whole window.
+while it is open, and one after it closes (`read_now`), so a counter's move counts the whole window; the gauges'
+figures are the poller's own readings only (before and after, the server is idle).
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-import httpx2
-
 from batching.remote.endpoint import Endpoint
-from batching.remote.poller import POLL_EVERY_S, POLL_TIMEOUT_S, TelemetryPoller
+from batching.remote.poller import POLL_EVERY_S, TelemetryPoller
 from batching.remote.telemetry import Telemetry
 
 GAUGES = ("running", "waiting", "cache_usage")
@@ -83,7 +82,8 @@ class TelemetryWindow:
 
     def __enter__(self) -> TelemetryWindow:
         poller = TelemetryPoller(self.endpoint, self.every_s, self.clock)
-        self._before = self._read(poller)
+        first = poller.read_now()
+        self._before = first.telemetry if first is not None else None
         self._poller = poller.start()
         return self
 
@@ -94,11 +94,7 @@ class TelemetryWindow:
         assert poller is not None, "the window was never opened"
         poller.stop()
         poller.join()
-        after = self._read(poller)
-        during = [sample.telemetry for sample in poller.samples()]
-        self.figures = window_figures(during, self._before, after)
-
-    def _read(self, poller: TelemetryPoller) -> Telemetry | None:
-        timeout = httpx2.Timeout(POLL_TIMEOUT_S, connect=min(POLL_TIMEOUT_S, self.endpoint.connect_timeout_s))
-        with httpx2.Client(timeout=timeout, headers=self.endpoint.headers()) as client:
-            return poller.read(client)
+        readings = poller.samples()
+        last = poller.read_now()
+        during = [sample.telemetry for sample in readings[1 if self._before is not None else 0 :]]
+        self.figures = window_figures(during, self._before, last.telemetry if last is not None else None)

@@ -17,6 +17,7 @@ from tests.app.test_app import button, open_app, tiny_env  # noqa: F401 (a fixtu
 from tests.app.test_app_sweep import SWEEP, charts
 from tests.serve.helpers import our_server
 from tests.serve.routers import Router, running_router
+from utils.plain_text import escape_markdown
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +88,9 @@ def test_two_servers_and_a_fleet_behind_vllm_router_are_swept_from_the_page_on_t
         c.startswith("Every latency, throughput and attainment above is measured by this client") for c in captions
     )
     assert any("read from the server's /metrics" in c and "never a blank that reads as a zero" in c for c in captions)
-    spread = [c for c in captions if c.startswith("How evenly the router spread the requests · fleet at 5/s: ")]
-    assert len(spread) == 1 and spread[0].endswith("fewest/most 1.00")  # round robin: 2 and 2
+    first = "How evenly the router spread the requests · " + escape_markdown("fleet at 5/s: ")
+    spread = [c for c in captions if c.startswith(first)]
+    assert len(spread) == 1 and spread[0].endswith(escape_markdown("fewest/most 1.00"))  # round robin: 2 and 2
     points, own = (frame.value for frame in at.dataframe)
     assert len(points) == 6 and len(own) == 8 and set(own["engine"]) == {"Batchscope"}
     (command,) = [code.value for code in at.code]
