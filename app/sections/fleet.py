@@ -34,8 +34,9 @@ def fleet_layout(names: Sequence[str]) -> FleetLayout:
     st.header("4 · The fleet's replicas")
     st.caption(FLEET_NOTE)
     slots: list[DeltaGenerator] = []
-    for first in range(0, len(names), PER_ROW):
-        slots += [column.empty() for column in st.columns(PER_ROW)][: len(names) - first]
+    width = min(PER_ROW, len(names))
+    for first in range(0, len(names), width):
+        slots += [column.empty() for column in st.columns(width, gap="large")][: len(names) - first]
     return FleetLayout(tuple(slots), st.empty())
 
 
@@ -48,7 +49,9 @@ def draw_fleet(layout: FleetLayout, pollers: Mapping[str, TelemetryPoller], star
         with slot.container():
             st.markdown(f"**{escape_markdown(name)}**")
             if samples:
-                batch = telemetry_chart(telemetry_frame(samples, start), title="Its batch", x_max=x_max)
+                batch = telemetry_chart(
+                    telemetry_frame(samples, start), title="Requests running and waiting", x_max=x_max
+                )
                 st.altair_chart(batch, width="stretch")
                 if any(sample.telemetry.cache_usage is not None for sample in samples):
                     st.altair_chart(cache_chart(samples, start, x_max=x_max), width="stretch")

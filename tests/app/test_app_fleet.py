@@ -60,7 +60,7 @@ def test_the_queue_through_a_router_draws_each_replica_side_by_side_and_the_spre
     replicas = [m.value for m in at.markdown if m.value.startswith("**127")]
     assert replicas == [f"**{escape_markdown(name)}**" for name in kept.fleet]
     titles = _titles(at)
-    assert titles.count("Its batch") == 2 and titles.count("KV-cache use") == 2
+    assert titles.count("Requests running and waiting") == 2 and titles.count("KV-cache use") == 2
     lines = [c.value for c in at.main.caption if c.value.startswith("Server telemetry (Batchscope, ")]
     assert len(lines) >= 2 and all("KV-cache use: peak " in line for line in lines)
     answered = [served(url)[0] - count for url, count in zip(servers, before, strict=True)]
