@@ -248,13 +248,13 @@ def server_chart(servers: pd.DataFrame, column: str) -> alt.Chart:
     title = f"Server's {words}, from its /metrics" + (f" (not reported: {', '.join(silent)})" if silent else "")
     shown = frame[frame[column].notna()]
     rates = sorted(set(servers["rate"])) or [1.0]
-    axis = alt.Axis(format="%") if number.endswith("%") else alt.Axis()
+    axis = alt.Axis(format="%") if number.endswith("%") else alt.Axis(format="d", tickMinStep=1)
     return (
         alt.Chart(shown)
         .mark_line(point=True)
         .encode(
             x=_x(rates),
-            y=alt.Y(f"{column}:Q", title=words, axis=axis),
+            y=alt.Y(f"{column}:Q", title=words, axis=axis, scale=alt.Scale(zero=True)),
             color=alt.Color("who:N", title=None, scale=server_scale(servers), legend=alt.Legend(orient="bottom")),
             tooltip=[
                 alt.Tooltip("who:N", title="server"),

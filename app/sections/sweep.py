@@ -14,7 +14,13 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app.frame import Frame
 from app.runs.sweep import QUEUE, SweepChoice
-from app.sections.sweep_servers import SERVERS_INTRO, server_choice_form, server_results, server_table
+from app.sections.sweep_servers import (
+    SERVERS_INTRO,
+    SERVERS_THROUGHPUT,
+    server_choice_form,
+    server_results,
+    server_table,
+)
 from app.server_sweep_view import LiveServerSweep
 from app.sweep_view import LiveSweep
 from batching.bench.workloads import builtin_workload_names
@@ -199,7 +205,8 @@ def draw_results(sweep: Sweep, layout: SweepLayout) -> None:
             st.altair_chart(latency_chart(points, "tpot", ("p90",), bends, sweep.slo.tpot_s), width="stretch")
             st.altair_chart(throughput_chart(points, bends), width="stretch")
             st.caption(CAPTIONS["attainment"])
-        st.caption(CAPTIONS["latency"] + " " + CAPTIONS["throughput"])
+        throughput = CAPTIONS["throughput"] if isinstance(sweep, LiveSweep) else SERVERS_THROUGHPUT
+        st.caption(CAPTIONS["latency"] + " " + throughput)
         st.caption(knee_line(bends))
         if isinstance(sweep, LiveSweep):
             st.caption(f"Steps: {steps_line(sweep)}. {CLOCKS[sweep.lane_clock]}")

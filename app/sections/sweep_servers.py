@@ -21,6 +21,10 @@ SERVERS_INTRO = (
     "request to each server and each replica. With auto rates, a probe of every request at once on each server "
     "picks them. Any OpenAI-compatible server: ours, vLLM, SGLang, llama.cpp, TGI."
 )
+SERVERS_THROUGHPUT = (
+    "Output tokens per second of wall time, from a rate's first arrival to its last answer. A server keeps up while "
+    "its line follows the offered load; its ring marks where it stops (saturation)."
+)
 CLIENT_NOTE = f"Every latency, throughput and attainment above is {CLIENT} (the network included)."
 SERVER_NOTE = (
     f"Each figure here is {METRICS} over the rate (the mean or peak of its readings, four a second; a counter's "

@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.app.test_app import button, open_app, tiny_env  # noqa: F401 (a fixture)
 from tests.app.test_app_sweep import SWEEP, charts
+from tests.bench.vllm_helpers import RunningVllm
 from tests.serve.helpers import our_server
 from tests.serve.routers import Router, running_router
 from utils.plain_text import escape_markdown
@@ -105,3 +106,27 @@ def test_a_server_with_nothing_listening_is_one_message_and_nothing_runs(tiny_en
     button(at, "Run sweep").click().run()
     assert any("cannot connect to http://127.0.0.1:9" in error.value for error in at.error)
     assert "sweep_run" not in at.session_state
+
+
+def test_our_server_and_vllms_cpu_build_are_swept_from_the_page_with_vllms_own_figures(
+    tiny_env: Path,  # noqa: F811
+    servers: tuple[str, str],
+    vllm: RunningVllm,
+) -> None:
+    at = open_servers()
+    at.text_area(key="sweep_servers").set_value(f"batchscope={servers[0]}\nvllm={vllm.url}")
+    at.selectbox(key="sweep_mix").set_value("seed-lab")
+    at.text_input(key="sweep_rates").set_value("5, 50")
+    at.number_input(key="sweep_requests").set_value(4).run()
+    button(at, "Run sweep").click().run()
+    assert not at.exception, at.exception
+    sweep = at.session_state.sweep_run.run
+    assert sweep.completed and [(p.series, p.rate, p.completed) for p in sweep.points] == [
+        (series, rate, 4) for rate in (5.0, 50.0) for series in ("batchscope", "vllm")
+    ]
+    theirs = [point.figures for point in sweep.servers if point.series == "vllm"]
+    assert [figures.engine for figures in theirs] == ["vLLM", "vLLM"]
+    assert all(f.finished == 4 and f.preemptions == 0 and f.cache_usage_peak is not None for f in theirs)
+    assert at.session_state.sweep_run.setup["servers"][1]["model"] == vllm.model  # the name its /v1/models gives
+    (headline,) = [element.value for element in at.success]
+    assert "batchscope" in headline and "vllm" in headline
