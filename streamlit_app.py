@@ -33,7 +33,7 @@ def main() -> None:
     st.title("Batchscope")
     st.caption(INTRO)
 
-    settings = frame.settings_or_stop()
+    settings = frame.model_choice(frame.settings_or_stop())
     service = frame.model_or_stop(settings)
     builder = service.admission.builder(
         engine_options(settings, settings.batching.max_batch_size, settings.batching.policy)

@@ -30,7 +30,8 @@ from config.settings import (
     load_settings,
     setting_warnings,
 )
-from model.loader import ModelLoadError
+from model.gptq import require_gptq
+from model.loader import BUILTIN_4BIT_NAME, BUILTIN_NAME, ModelLoadError
 from model.prompting import format_prompt
 from utils.plain_text import escape_markdown
 
@@ -120,6 +121,33 @@ def settings_or_stop() -> Settings:
         st.stop()
 
 
+# The embedded model's two variants the sidebar offers (each its own engine process, loaded when first picked).
+MODEL_VARIANTS = {
+    BUILTIN_NAME: "Embedded model, float32",
+    BUILTIN_4BIT_NAME: "Embedded model, 4-bit GPTQ (quantised on first use)",
+}
+
+
+def model_choice(settings: Settings) -> Settings:
+    """The settings with the model the sidebar picks: the embedded model or its 4-bit copy, offered when the
+    settings name one of them and no API shares this page's engine (`BATCHSCOPE_SERVER__PORT`)."""
+    configured = settings.model.name_or_path
+    if configured not in MODEL_VARIANTS or settings.server.port is not None:
+        return settings
+    variants = list(MODEL_VARIANTS)
+    chosen = st.sidebar.selectbox(
+        "Weights", variants, index=variants.index(configured), format_func=MODEL_VARIANTS.__getitem__, key="weights"
+    )
+    if chosen == BUILTIN_4BIT_NAME:
+        try:
+            require_gptq("The 4-bit model")
+        except ModelLoadError as exc:
+            st.sidebar.warning(escape_markdown(str(exc)))
+            chosen = BUILTIN_NAME
+    model = settings.model.model_copy(update={"name_or_path": chosen})
+    return settings.model_copy(update={"model": model})
+
+
 def model_or_stop(settings: Settings) -> EngineClient:
     """The engine process with the model loaded (started by the first page load of this server)."""
     try:
@@ -149,7 +177,7 @@ def model_line(info: EngineInfo, builder: RequestBuilder) -> str:
     """The model's name, size, device, dtype, context and attention features, in one line."""
     return (
         f"Model **{escape_markdown(info.name)}** · {info.num_parameters / 1e6:.1f} M parameters · "
-        f"{info.device} · {info.dtype} · context {builder.context_length} tokens"
+        f"{info.device} · {info.weights or info.dtype} · context {builder.context_length} tokens"
         + (f" · {info.features}" if info.features else "")  # e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
     )
 

@@ -11,6 +11,7 @@ from streamlit.delta_generator import DeltaGenerator
 from batching.arrivals import Schedule
 from batching.engine.params import SamplingParams
 from batching.remote import APIS, Api, Endpoint, RemoteError, endpoint_from_settings, fetch_model
+from batching.remote.fleet import replica_endpoints, replica_name
 from config.choices import ADMISSION_NAMES, FCFS, LONGEST_FIRST, POLICY_NAMES, PREEMPT, RESERVE, SHORTEST_FIRST
 from config.settings import GenerationSettings, Settings
 from utils.plain_text import escape_markdown
@@ -154,6 +155,7 @@ class RemoteChoice:
     api: Api
     telemetry_every_s: float
     problem: str | None = None
+    replicas: tuple[Endpoint, ...] = ()  # a fleet: the URL is its router, and each replica's /metrics are read
 
 
 @st.cache_data(ttl=10, show_spinner=False)
@@ -163,6 +165,15 @@ def served_model(endpoint: Endpoint) -> tuple[str | None, str | None]:
         return fetch_model(endpoint), None
     except RemoteError as exc:
         return None, str(exc)
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def fleet_replicas(router: Endpoint, typed: tuple[str, ...]) -> tuple[tuple[Endpoint, ...], str | None]:
+    """The replicas behind `router`: those typed, else the router's own list (asked again after 10 s at most)."""
+    try:
+        return replica_endpoints(router, typed), None
+    except RemoteError as exc:
+        return (), str(exc)
 
 
 def remote_server_choice(settings: Settings, controls: DeltaGenerator) -> RemoteChoice:
@@ -183,17 +194,37 @@ def remote_server_choice(settings: Settings, controls: DeltaGenerator) -> Remote
         api: Api = st.radio(
             "API", APIS, index=APIS.index(remote.api), horizontal=True, key="remote_api", format_func="/v1/{}".format
         )
+        fleet = st.checkbox(
+            "A router in front of replicas (a fleet)",
+            key="remote_fleet",
+            help="vllm-router, sglang-router, llm-d's gateway…: the queue goes through it, and each replica's own "
+            "/metrics are drawn side by side.",
+        )
+        typed = st.text_area(
+            "Replicas, one per line (blank: the router's own list)", "", key="remote_replicas", disabled=not fleet
+        )
         try:
             endpoint = endpoint_from_settings(remote, url, api_key)
         except RemoteError as exc:
             st.error(escape_markdown(str(exc)))  # the address typed, shown as text
             return RemoteChoice(None, None, api, remote.telemetry_interval_s, str(exc))
-        model, problem = (typed_model.strip(), None) if typed_model.strip() else served_model(endpoint)
+        replicas, problem = fleet_replicas(endpoint, _typed_lines(typed)) if fleet else ((), None)
+        if problem is None and typed_model.strip():
+            model: str | None = typed_model.strip()
+        elif problem is None:  # a router may list "unknown": its first replica names the model
+            model, problem = served_model(replicas[0] if replicas else endpoint)
         if problem:
             st.error(escape_markdown(problem))  # what the server said, as text
-        else:
-            st.caption(f"Watching model **{escape_markdown(model or '')}** at {escape_markdown(endpoint.root)}")
-    return RemoteChoice(endpoint, model, api, remote.telemetry_interval_s, problem)
+            return RemoteChoice(endpoint, None, api, remote.telemetry_interval_s, problem)
+        st.caption(f"Watching model **{escape_markdown(model or '')}** at {escape_markdown(endpoint.root)}")
+        if replicas:
+            names = ", ".join(replica_name(replica.root) for replica in replicas)
+            st.caption(f"Through the router to {len(replicas)} replicas: {escape_markdown(names)}")
+    return RemoteChoice(endpoint, model, api, remote.telemetry_interval_s, None, replicas)
+
+
+def _typed_lines(text: str) -> tuple[str, ...]:
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
 
 
 ADMISSION_LABELS = {

@@ -21,7 +21,7 @@ from batching.race import LaneStep
 from batching.runs import RunRecord
 from batching.sweep import SweepSpec, auto_rates, capacity, format_rates
 from utils.metrics import steps_kind
-from utils.sweep import Slo, SweepPoint, record_point
+from utils.sweep import Slo, SweepPoint, goodputs, headline, record_point
 
 
 class SweepRace(Protocol):
@@ -203,6 +203,15 @@ class LiveSweep:
     def completed(self) -> bool:
         """Every rate ran to its end: the headline is the whole sweep's."""
         return self.ended and not self.stopped and self.error is None and len(self.records) == len(self.spec.rates)
+
+    @property
+    def rates_done(self) -> int:
+        return len(self.records)
+
+    def headline_text(self) -> str:
+        """What each schedule sustains at the target, and the ratio (the rates done so far)."""
+        found = goodputs(self.points)
+        return headline(found["continuous"], found["static"], self.slo)
 
     def requests_done(self) -> int:
         """Requests finished so far, on both lanes of every race (the progress bar's count)."""

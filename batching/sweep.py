@@ -74,13 +74,13 @@ def capacity(record: RunRecord) -> float:
     return len(record.finished) / record.wall_s if record.wall_s > 0 else math.nan
 
 
-def auto_rates(static_capacity: float, continuous_capacity: float, points: int = AUTO_POINTS) -> tuple[float, ...]:
-    """`points` rates evenly spaced on a log scale from `AUTO_LOW` of the lower capacity to `AUTO_HIGH` times the
-    higher, each rounded to two significant figures."""
-    capacities = [rate for rate in (static_capacity, continuous_capacity) if math.isfinite(rate) and rate > 0]
-    if not capacities:
+def auto_rates(*capacities: float, points: int = AUTO_POINTS) -> tuple[float, ...]:
+    """`points` rates evenly spaced on a log scale from `AUTO_LOW` of the lowest capacity (a schedule's, or a
+    server's) to `AUTO_HIGH` times the highest, each rounded to two significant figures."""
+    served = [rate for rate in capacities if math.isfinite(rate) and rate > 0]
+    if not served:
         raise ValueError("the calibration race served nothing: give the rates yourself")
-    low, high = AUTO_LOW * min(capacities), AUTO_HIGH * max(capacities)
+    low, high = AUTO_LOW * min(served), AUTO_HIGH * max(served)
     step = (high / low) ** (1 / (points - 1))
     return tuple(sorted({_two_figures(low * step**index) for index in range(points)}))
 

@@ -40,10 +40,18 @@ class ModelSettings(BaseModel):
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = False
-    use_gptq: bool = Field(False, description="quantise on load with GPTQ (needs a GPU and gptqmodel)")
+    use_gptq: bool = Field(
+        False,
+        description="quantise an unquantised model with GPTQ on load, once (the copy is kept in the cache); needs "
+        "gptqmodel (requirements-gptq.txt), not a GPU. A GPTQ folder loads as itself without it",
+    )
     gptq_bits: Literal[2, 3, 4, 8] = 4
-    gptq_backend: Literal["auto", "torch", "triton", "exllama_v2", "marlin"] = "auto"
-    gptq_dataset: str = Field("c4", description="calibration data set for quantising an unquantised model")
+    gptq_dataset: str = Field(
+        "builtin",
+        min_length=1,
+        description="calibration texts for quantising on load: builtin (the embedded corpus) or a text file, one "
+        "text a line; nothing is fetched",
+    )
 
 
 class TokenizerSettings(BaseModel):

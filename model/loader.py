@@ -12,13 +12,16 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
-from transformers.utils import is_gptqmodel_available, is_optimum_available
 
 from config.settings import ModelSettings, TokenizerSettings
+from model import gptq
+from model.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
 BUILTIN_NAME = "builtin"
+# The embedded model quantised to 4 bits with GPTQ on first use (kept in the cache: `gptq.quantized_copy`).
+BUILTIN_4BIT_NAME = "builtin-4bit"
 BUILTIN_MODEL_DIR = Path(__file__).resolve().parent / "builtin"
 MODEL_SETTING = "BATCHSCOPE_MODEL__NAME_OR_PATH"
 # Before loading from the hub, one request checks it answers: unreachable, the hub library retries for about a minute.
@@ -26,10 +29,6 @@ HUB_TIMEOUT_S = 3.0
 # A hub model that could not be had offline or without a connection fails the same way until something changes:
 # remembered per (model settings, offline flag, hub address) for the life of the process, so a new tab does not wait.
 _hub_failures: dict[tuple[str, bool, str], ModelLoadError] = {}
-
-
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded; the message is one line that says which setting to change."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +42,31 @@ class LoadedModel:
     name: str
     num_parameters: int
     load_seconds: float
+    weights: Weights
+
+
+@dataclass(frozen=True)
+class Weights:
+    """What the weights are: their precision in words (`float32`, `4-bit GPTQ, group 128`) and the bytes they take."""
+
+    precision: str
+    bytes: int
+    quantized: bool = False
+
+    @classmethod
+    def of(cls, model: PreTrainedModel) -> Weights:
+        # Quantised layers keep their packed weights and scales as buffers; persistent buffers are weights too.
+        size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        quantization = getattr(model.config, "quantization_config", None)
+        if quantization is None:
+            return cls(str(model.dtype).removeprefix("torch."), size)
+        settings = quantization if isinstance(quantization, dict) else quantization.to_dict()
+        method = str(settings.get("quant_method", "quantised")).removeprefix("QuantizationMethod.").upper()
+        group = settings.get("group_size")
+        return cls(f"{settings.get('bits')}-bit {method}" + (f", group {group}" if group else ""), size, True)
+
+    def line(self) -> str:
+        return f"{self.precision} weights, {self.bytes / 2**20:,.1f} MiB"
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -72,7 +96,7 @@ def resolve_dtype(choice: str, device: torch.device) -> torch.dtype:
 
 def resolve_source(name_or_path: str) -> str:
     """Map `builtin` to the embedded model's folder; anything else is a local folder or a hub id."""
-    if name_or_path == BUILTIN_NAME:
+    if name_or_path in (BUILTIN_NAME, BUILTIN_4BIT_NAME):
         if not (BUILTIN_MODEL_DIR / "config.json").is_file():
             raise ModelLoadError(
                 f"the embedded model is missing from {BUILTIN_MODEL_DIR}; rebuild it with "
@@ -89,32 +113,6 @@ def resolve_source(name_or_path: str) -> str:
             )
         return str(folder)
     return name_or_path
-
-
-def require_gptq(device: torch.device) -> None:
-    """Say clearly why GPTQ cannot be used here: its backend is missing, or there is no GPU."""
-    missing = [
-        name for name, ok in (("gptqmodel", is_gptqmodel_available()), ("optimum", is_optimum_available())) if not ok
-    ]
-    if missing:
-        raise ModelLoadError(
-            f"BATCHSCOPE_MODEL__USE_GPTQ=true needs the GPTQ backend ({', '.join(missing)} not installed): "
-            "pip install -r requirements-gptq.txt, or set BATCHSCOPE_MODEL__USE_GPTQ=false"
-        )
-    if device.type != "cuda":
-        raise ModelLoadError(
-            f"BATCHSCOPE_MODEL__USE_GPTQ=true needs a CUDA GPU, but the device is {device.type}; "
-            "set BATCHSCOPE_MODEL__USE_GPTQ=false"
-        )
-
-
-def gptq_config(settings: ModelSettings, tokenizer: PreTrainedTokenizerBase) -> object:
-    """transformers' GPTQConfig for the gptqmodel backend (quantises on load, or picks the kernel of a GPTQ model)."""
-    from transformers import GPTQConfig
-
-    return GPTQConfig(
-        bits=settings.gptq_bits, dataset=settings.gptq_dataset, tokenizer=tokenizer, backend=settings.gptq_backend
-    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -257,21 +255,22 @@ def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | 
     offline_reason = _check_source(settings, source, local)
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
-    if settings.use_gptq:
-        require_gptq(device)
     try:
         tokenizer = load_tokenizer(source, settings, tokenizer_settings, local_only=offline_reason is not None)
-        quantization = gptq_config(settings, tokenizer) if settings.use_gptq else None
-        model = AutoModelForCausalLM.from_pretrained(
-            source,
-            revision=settings.revision,
+        weights_source = _weights_source(settings, source, local)
+        # No quantization_config argument: a quantised folder's own config is what loads it (passing None makes
+        # transformers drop it and load random plain linears).
+        loaded: tuple[PreTrainedModel, dict] = AutoModelForCausalLM.from_pretrained(  # type: ignore[assignment]
+            weights_source,
+            revision=settings.revision if weights_source == source else None,
             dtype=dtype,
             # "auto" lets accelerate spread a model too large for one GPU over several.
             device_map="auto" if device.type == "cuda" else device.type,
             trust_remote_code=settings.trust_remote_code,
-            quantization_config=quantization,
             local_files_only=offline_reason is not None,
+            output_loading_info=True,
         )
+        model, report = loaded
     except ModelLoadError:
         raise
     except Exception as exc:
@@ -279,8 +278,12 @@ def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | 
         if error is None:
             raise
         raise error from exc
+    check_load_report(settings.name_or_path, report)
     model.eval()
     model.requires_grad_(False)
+    weights = Weights.of(model)
+    if weights.quantized:
+        _prepare_quantized_layers(model)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     seconds = time.perf_counter() - started
@@ -291,9 +294,72 @@ def load_model(settings: ModelSettings, tokenizer_settings: TokenizerSettings | 
         device=model.device,
         dtype=dtype,
         name=settings.name_or_path,
-        num_parameters=model.num_parameters(),
+        num_parameters=_parameter_count(model),
         load_seconds=seconds,
+        weights=weights,
     )
+
+
+def _parameter_count(model: PreTrainedModel) -> int:
+    """Parameters as the model was trained: a quantised layer's packed weights count as its in x out weights."""
+    widths = [gptq.layer_width(layer) for layer in gptq.quantized_layers(model)]
+    return model.num_parameters() + sum(inputs * outputs for inputs, outputs in widths)
+
+
+def _prepare_quantized_layers(model: PreTrainedModel) -> None:
+    """One forward of one token: gptqmodel's CPU kernel repacks its weights on its first call, a data-dependent
+    branch torch.compile cannot trace, so it happens here, before any step is compiled."""
+    with torch.inference_mode():
+        model(torch.tensor([[model.config.bos_token_id or 0]], device=model.device))
+
+
+def runs_gptq(settings: ModelSettings) -> bool:
+    """Whether loading these settings runs gptqmodel: a GPTQ folder, quantising on load, or `builtin-4bit`."""
+    if settings.use_gptq or settings.name_or_path == BUILTIN_4BIT_NAME:
+        return True
+    source = Path(resolve_source(settings.name_or_path))
+    return source.is_dir() and gptq.folder_quantization(source) is not None
+
+
+def _weights_source(settings: ModelSettings, source: str, local: bool) -> str:
+    """Where the weights load from: the source itself (a quantised folder checked runnable here first), or a GPTQ
+    copy of it made once when quantising on load is asked for (`builtin-4bit` asks for it)."""
+    method = gptq.folder_quantization(Path(source)) if local else None
+    if method is not None:
+        gptq.check_runnable(method, f"{MODEL_SETTING}={settings.name_or_path}")
+        if settings.use_gptq:
+            logger.info("%s is already quantised (%s): loaded as it is", settings.name_or_path, method)
+        return source
+    if settings.name_or_path == BUILTIN_4BIT_NAME:
+        return str(gptq.quantized_copy(source, 4))
+    if settings.use_gptq:
+        return str(
+            gptq.quantized_copy(
+                source, settings.gptq_bits, settings.gptq_dataset, settings.revision, settings.trust_remote_code
+            )
+        )
+    return source
+
+
+def check_load_report(name: str, report: dict) -> None:
+    """A model whose weights did not all load never serves: any weight missing from the files, left over in them,
+    of the wrong shape, or failing to load is an error naming the first few."""
+    problems = []
+    for key, what in (
+        ("missing_keys", "missing from its files (they would be random)"),
+        ("unexpected_keys", "in its files but not in the model"),
+        ("mismatched_keys", "of another shape than the model's"),
+        ("error_msgs", "failed to load"),
+    ):
+        found = sorted(str(item) for item in report.get(key) or ())
+        if found:
+            shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+            problems.append(f"{len(found)} weights {what}: {shown}")
+    if problems:
+        raise ModelLoadError(
+            f"{MODEL_SETTING}={name}: not every weight loaded ({'; '.join(problems)}); a quantised folder needs its "
+            "own quantization_config in config.json, anything else needs its files saved again with save_pretrained"
+        )
 
 
 def _check_source(settings: ModelSettings, source: str, local: bool) -> str | None:

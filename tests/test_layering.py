@@ -17,7 +17,15 @@ OURS = ("config", "model", "training", "batching", "utils", "app", "streamlit_ap
 PAGE = ("streamlit_app", "app")  # the frame and the package of its views and sections
 # The page's own models, tested without Streamlit: the queue, a run's follower, a run's live view, a race's view,
 # the streaming loops, a sweep's view.
-PAGE_MODELS = ("app.prompt_queue", "app.baton", "app.live_run", "app.race_view", "app.streaming", "app.sweep_view")
+PAGE_MODELS = (
+    "app.prompt_queue",
+    "app.baton",
+    "app.live_run",
+    "app.race_view",
+    "app.streaming",
+    "app.sweep_view",
+    "app.server_sweep_view",
+)
 
 
 def _module_name(path: Path) -> str:

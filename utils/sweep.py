@@ -304,6 +304,34 @@ def headline(continuous: Goodput, static: Goodput, slo: Slo) -> str:
     )
 
 
+def servers_headline(found: Mapping[str, Goodput], slo: Slo) -> str:
+    """Servers swept side by side in one sentence: what each sustains at the target, best first, and the winner
+    with its ratio over the next (none when the best two both met the target at every rate swept)."""
+    target = f"At {slo.words()}"
+    ranked = sorted(found.values(), key=lambda each: -(each.rate or 0.0))
+    met = [each for each in ranked if each.rate is not None]
+    if not met:
+        lowest = min(each.lowest for each in ranked)
+        return (
+            f"{target}, no server met the target at any rate swept (not even {_rate(lowest)} requests/s): try lower "
+            "rates or a looser target."
+        )
+    parts = [f"{met[0].series} sustains {_words(met[0])}"]
+    parts += [f"{each.series} {_words(each, unit=False)}" for each in met[1:]]
+    parts += [f"{each.series} met it at no rate swept" for each in ranked if each.rate is None]
+    sentence = f"{target}, " + ", ".join(parts)
+    if len(ranked) == 1:
+        return sentence + "."
+    best, second = ranked[0], ranked[1]
+    if best.whole_sweep and second.whole_sweep:
+        return sentence + f" — {best.series} and {second.series} both held to the highest rate: add higher rates."
+    assert best.rate is not None
+    if second.rate is None:
+        return sentence + f" — {best.series} the most."
+    bound = "at least " if best.whole_sweep else ""
+    return sentence + f" — {best.series} the most, {bound}{best.rate / second.rate:.1f}× {second.series}."
+
+
 def _words(goodput: Goodput, unit: bool = True) -> str:
     assert goodput.rate is not None
     prefix = "at least " if goodput.whole_sweep else ""

@@ -213,14 +213,69 @@ def attainment_chart(
     return alt.layer(*layers).properties(title="SLO attainment against the request rate", height=CHART_HEIGHT)
 
 
+# What each server said at each rate, drawn beside the client's figures (utils.sweep_servers)
+SERVER_CHARTS = {
+    "running_mean": ("requests running (mean)", ",.1f"),
+    "waiting_peak": ("requests waiting (peak)", ",.0f"),
+    "cache_usage_peak": ("KV-cache use (peak)", ".0%"),
+    "preemptions": ("preemptions during the rate", ",.0f"),
+}
+
+
+def server_who(frame: pd.DataFrame) -> pd.Series:
+    """A line's name: the series, or "series · replica" for each replica of a fleet."""
+    return frame["series"].where(frame["series"] == frame["server"], frame["series"] + " · " + frame["server"])
+
+
+_REPLICA_COLORS = ["#0ea5e9", "#f43f5e", "#84cc16", "#eab308", "#14b8a6", "#8b5cf6"]
+
+
+def server_scale(frame: pd.DataFrame) -> alt.Scale:
+    """A server keeps its series' colour (`series_scale`); each replica of a fleet gets a colour of its own."""
+    series = list(dict.fromkeys(frame["series"]))
+    base = dict(zip(series, series_scale(series).range, strict=True))
+    spare = iter(_REPLICA_COLORS * (1 + len(frame) // len(_REPLICA_COLORS)))
+    names = list(dict.fromkeys(server_who(frame)))
+    return alt.Scale(domain=names, range=[base.get(name) or next(spare) for name in names])
+
+
+def server_chart(servers: pd.DataFrame, column: str) -> alt.Chart:
+    """One of each server's own figures (`SERVER_CHARTS`) against the rate, one line per server or replica; the
+    title names those that do not report it (their line is absent: no figure is drawn as a zero)."""
+    frame = servers.assign(who=server_who(servers))
+    words, number = SERVER_CHARTS[column]
+    silent = sorted(set(frame[frame[column].isna()]["who"]))
+    title = f"Server's {words}, from its /metrics" + (f" (not reported: {', '.join(silent)})" if silent else "")
+    shown = frame[frame[column].notna()]
+    rates = sorted(set(servers["rate"])) or [1.0]
+    axis = alt.Axis(format="%") if number.endswith("%") else alt.Axis(format="d", tickMinStep=1)
+    return (
+        alt.Chart(shown)
+        .mark_line(point=True)
+        .encode(
+            x=_x(rates),
+            y=alt.Y(f"{column}:Q", title=words, axis=axis, scale=alt.Scale(zero=True)),
+            color=alt.Color("who:N", title=None, scale=server_scale(servers), legend=alt.Legend(orient="bottom")),
+            tooltip=[
+                alt.Tooltip("who:N", title="server"),
+                alt.Tooltip("rate:Q", title="rate (requests/s)", format="~g"),
+                alt.Tooltip(f"{column}:Q", title=words, format=number),
+            ],
+        )
+        .properties(title=title, height=CHART_HEIGHT)
+    )
+
+
 def sweep_chart(
     points: pd.DataFrame,
     slo: Slo,
     knees: Mapping[tuple[str, str], float | None],
     goodputs: Mapping[str, Goodput],
     title: str,
+    servers: pd.DataFrame | None = None,
 ) -> alt.VConcatChart:
-    """Every chart of the sweep, two to a row, for a file (the CLI's PNG)."""
+    """Every chart of the sweep, two to a row, for a file (the CLI's PNG); with `servers` (`server_frame`), what
+    each server said at each rate in rows below."""
     width = 420
     ttft = latency_chart(points, "ttft", ("p50", "p90", "p99"), knees, slo.ttft_s).properties(width=width)
     tpot = latency_chart(points, "tpot", ("p90",), knees, slo.tpot_s).properties(width=width)
@@ -228,7 +283,13 @@ def sweep_chart(
     tokens = throughput_chart(points, knees).properties(width=width)
     attained = attainment_chart(points, goodputs).properties(width=width)
     rows = [alt.hconcat(ttft, tpot), alt.hconcat(e2e, tokens), alt.hconcat(attained)]
-    return alt.vconcat(*rows).properties(title=title).resolve_scale(strokeDash="independent")
+    client = alt.vconcat(*rows).resolve_scale(strokeDash="independent")
+    if servers is None or not len(servers):
+        return client.properties(title=title)
+    charts = [server_chart(servers, column).properties(width=width) for column in SERVER_CHARTS]
+    own = alt.vconcat(*(alt.hconcat(*charts[index : index + 2]) for index in range(0, len(charts), 2)))
+    # a replica's line has a colour of its own: the two blocks' colour scales are apart
+    return alt.vconcat(client, own).properties(title=title).resolve_scale(color="independent")
 
 
 KNEE_COLUMNS = ("ttft_p90", "tpot_p90", "e2e_p90", "output_throughput")

@@ -71,6 +71,27 @@ def telemetry_chart(frame: pd.DataFrame, title: str = "The server's batch", x_ma
     )
 
 
+def cache_chart(
+    samples: Sequence[TelemetrySample], start: float, title: str = "KV-cache use", x_max: float | None = None
+) -> alt.Chart:
+    """The server's KV-cache use over time (0 to 1), as steps; its readings that report none are left out."""
+    table = telemetry_table(samples, start).dropna(subset=["cache_usage"])
+    x_scale = alt.Scale(domain=[0, x_max]) if x_max else alt.Undefined
+    return (
+        alt.Chart(table[["time_s", "cache_usage"]])
+        .mark_line(interpolate="step-after", point=True, color="#10b981")
+        .encode(
+            x=alt.X("time_s:Q", title="seconds since the run started", scale=x_scale),
+            y=alt.Y("cache_usage:Q", title="KV-cache use", axis=alt.Axis(format="%")),
+            tooltip=[
+                alt.Tooltip("time_s:Q", title="s", format=".2f"),
+                alt.Tooltip("cache_usage:Q", title="KV-cache use", format=".1%"),
+            ],
+        )
+        .properties(title=title, height=200)
+    )
+
+
 def reported_line(samples: Sequence[TelemetrySample], sources: Mapping[str, bool]) -> str:
     """Which engine the telemetry looked like, each figure's peak or "not reported", and where it was read."""
     read = [path for path, available in sources.items() if available]

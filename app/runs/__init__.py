@@ -13,9 +13,10 @@ from batching.engine.options import BatcherOptions
 
 
 class FollowedRun(Protocol):
-    """A run's live view (`LiveRun`, `RaceRun`): done once every answer is in or it was stopped."""
+    """A run's live view (`LiveRun`, `RaceRun`, a sweep's): done once every answer is in or it was stopped."""
 
-    stopped: bool
+    @property
+    def stopped(self) -> bool: ...
 
     @property
     def done(self) -> bool: ...

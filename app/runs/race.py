@@ -57,6 +57,14 @@ def kv_default(frame: Frame, block_size: int) -> int:
     return frame.service.info.geometry.kv_tokens(replace(frame.options, block_size=block_size))
 
 
+def memory_budget(frame: Frame, kv_tokens: int) -> str:
+    """What the model's weights take beside each lane's KV pool, in one sentence."""
+    info = frame.service.info
+    pool_mb = info.geometry.pool_mb(kv_tokens, frame.options.max_batch_size)
+    weights = f"The model's {info.weights}" if info.weights else "The model's weights"
+    return f"{weights}; each lane's KV pool {pool_mb:,.2f} MiB ({kv_tokens:,} positions)."
+
+
 def lane_options(frame: Frame, kv_tokens: int, knobs: SchedulerKnobs) -> BatcherOptions:
     """Both lanes' batcher: the sidebar's choices, with the scheduler's knobs and the KV memory chosen for the race
     (the admission policy matters to the continuous lane only: static reserves whole waves)."""

@@ -16,7 +16,17 @@ from app.prompt_queue import PromptQueue
 from app.runs import ViewRunBase
 from app.sidebar import RemoteChoice
 from app.streaming import RunStream, join_new_items
-from batching.remote import MODES, WARM_UP_QUESTION, Mode, RemoteError, RemoteRun, RunSetup, warm_up
+from batching.remote import (
+    MODES,
+    WARM_UP_QUESTION,
+    Mode,
+    RemoteError,
+    RemoteRun,
+    RunSetup,
+    TelemetryPoller,
+    warm_up,
+)
+from batching.remote.fleet import replica_name
 
 KEY = "remote_run"
 
@@ -32,11 +42,21 @@ class RemoteViewRun(ViewRunBase):
     setup: dict
     second: RemoteRun | None = None
     second_labels: dict[str, str] = field(default_factory=dict)  # the second pass's request ids -> #n
+    fleet: dict[str, TelemetryPoller] = field(default_factory=dict)  # a fleet: each replica's own /metrics, by name
 
     def stop(self) -> None:
         """Planned prompts are dropped here; the requests on their way are cut."""
         self.run.stop()
         self.live.cancel_all()
+        self.stop_watching()
+
+    def stop_watching(self) -> None:
+        """Every pass is over: one last reading of each replica (its counters' final moves), then no more."""
+        for poller in self.fleet.values():
+            if poller.running:
+                poller.stop()
+                poller.join()
+                poller.read_now()
 
     def join(self, queue: PromptQueue, formatted: Callable[[str], str]) -> None:
         """Prompts queued since the run started join the live pass at once."""
@@ -82,6 +102,11 @@ def start(frame: Frame, remote: RemoteChoice, compare: bool, queue: PromptQueue)
     for item, offset in zip(queue.items, schedule.due, strict=True):
         run.plan(item.prompt, frame.formatted(item.prompt), item.max_new_tokens, offset)
     live = RemoteRun(replace(setup, mode=order[0]), start=run.start, telemetry_every_s=remote.telemetry_every_s)
+    every = remote.telemetry_every_s
+    fleet = {replica_name(replica.root): TelemetryPoller(replica, every) for replica in remote.replicas}
+    for poller in fleet.values():  # a first reading before any request of the run, then the poller's own
+        poller.read_now()
+        poller.start()
     export_setup = {
         "engine": "remote",
         "url": remote.endpoint.root,
@@ -94,8 +119,10 @@ def start(frame: Frame, remote: RemoteChoice, compare: bool, queue: PromptQueue)
         "compare": compare,
         "warm_up_s": round(warm.seconds, 3),
         "order": list(order),
+        "replicas": [replica.root for replica in remote.replicas],
     }
-    state[KEY] = RemoteViewRun(run, live, {item.item_id for item in queue.items}, export_setup)
+    items = {item.item_id for item in queue.items}
+    state[KEY] = RemoteViewRun(run, live, items, export_setup, fleet=fleet)
     state.queue_message = None
 
 

@@ -28,10 +28,11 @@ class LaneSlots:
     tables: DeltaGenerator
 
 
-def memory_layout(modes: tuple[str, ...]) -> dict[str, LaneSlots]:
-    """The memory part's header, caption and one column of placeholders per lane."""
+def memory_layout(modes: tuple[str, ...], budget: str = "") -> dict[str, LaneSlots]:
+    """The memory part's header, caption (with what the weights and each lane's pool take) and one column of
+    placeholders per lane."""
     st.subheader(HEADER)
-    st.caption(POOL_CAPTION)
+    st.caption(POOL_CAPTION + (f" {budget}" if budget else ""))
     columns = st.columns(len(modes), gap="large")
     slots = {}
     for mode, column in zip(modes, columns, strict=True):

@@ -20,7 +20,11 @@ RACE_CLOCKS = (
 
 
 def numbers_section(
-    runs: dict[str, RunRecord], meters: dict[str, WasteMeters], others_seen: bool, race: RaceRun | None = None
+    runs: dict[str, RunRecord],
+    meters: dict[str, WasteMeters],
+    others_seen: bool,
+    race: RaceRun | None = None,
+    weights: str = "",
 ) -> None:
     """The built-in engine's runs (a race's lanes, or the replays and the live run) and what their figures count."""
     summaries = {mode: summarize(record) for mode, record in runs.items()}
@@ -44,6 +48,8 @@ def numbers_section(
             "keeping the faster. The live column is the run you watched, which shared the machine with the page "
             "drawing it."
         )
+    if weights:
+        notes.append(f"Model: {weights} (the same weights on every lane).")
     kinds = "; ".join(f"{mode}: {steps_kind(record)}" for mode, record in runs.items())
     notes.append(f"Steps — {kinds} (no compile ran during any of them: the engine holds compiles while it works).")
     if others_seen:

@@ -1,5 +1,6 @@
-"""The load sweep's sections: what to sweep (the mix, the rates, the requests per rate, the target) with Run and Stop;
-the progress over the whole sweep; the headline, the charts, the table and the export."""
+"""The load sweep's sections: what to sweep (this tab's engine or running servers, the mix, the rates, the requests
+per rate, the target) with Run and Stop; the progress over the whole sweep; the headline, the charts, the table and
+the export."""
 
 from __future__ import annotations
 
@@ -13,12 +14,21 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app.frame import Frame
 from app.runs.sweep import QUEUE, SweepChoice
+from app.sections.sweep_servers import (
+    SERVERS_INTRO,
+    SERVERS_THROUGHPUT,
+    server_choice_form,
+    server_results,
+    server_table,
+)
+from app.server_sweep_view import LiveServerSweep
 from app.sweep_view import LiveSweep
 from batching.bench.workloads import builtin_workload_names
 from batching.sweep import AUTO, DEFAULT_REQUESTS, MAX_REQUESTS, SweepSpec, parse_rates
 from utils import export
-from utils.sweep import ATTAINMENT_GOAL, Slo, goodputs, headline, knees, points_frame, readable_frame
+from utils.sweep import ATTAINMENT_GOAL, Slo, goodputs, knees, points_frame, readable_frame
 from utils.sweep_charts import CAPTIONS, KNEE_COLUMNS, attainment_chart, latency_chart, throughput_chart
+from utils.sweep_servers import CLIENT, METRICS, NOT_REPORTED
 
 DEFAULT_MIX = "seed-lab"
 DEFAULT_TTFT_MS = 200
@@ -42,6 +52,11 @@ CLOCKS = {
     "the engine is in these latencies.",
 }
 Start = Callable[[SweepChoice], None]
+Sweep = LiveSweep | LiveServerSweep
+TARGETS = {
+    "engine": "this tab's engine: continuous vs static",
+    "servers": "servers already running, by URL (and a fleet behind a router)",
+}
 
 
 @dataclass
@@ -78,7 +93,9 @@ class SweepButtons:
 def sweep_form(frame: Frame, start: Start, stop: Callable[[], None], running: bool) -> SweepButtons:
     """What to sweep, with Run sweep and Stop; a bad rate list or target is said there and Run is off."""
     st.header("1 · What to sweep")
-    st.caption(INTRO)
+    target = st.radio("Sweep", list(TARGETS), format_func=TARGETS.__getitem__, horizontal=True, key="sweep_target")
+    servers, problem = server_choice_form() if target == "servers" else (None, None)
+    st.caption(SERVERS_INTRO if target == "servers" else INTRO)
     mixes = [*builtin_workload_names(), QUEUE]
     queue_size = len(st.session_state.queue)
     mix_col, rates_col, count_col = st.columns([2, 3, 1])
@@ -106,9 +123,12 @@ def sweep_form(frame: Frame, start: Start, stop: Callable[[], None], running: bo
     choice = None
     try:
         spec = SweepSpec(parse_rates(rates_text), int(requests), frame.choices.sampling.seed)
-        choice = SweepChoice(mix, spec, Slo(ttft_ms / 1000, tpot_ms / 1000))
+        choice = SweepChoice(mix, spec, Slo(ttft_ms / 1000, tpot_ms / 1000), servers)
     except ValueError as exc:
         st.error(str(exc))
+    if problem:
+        st.error(problem)
+        choice = None
     message = st.session_state.get("sweep_message")
     if message:
         st.error(message)
@@ -125,7 +145,7 @@ class SweepLayout:
     results: DeltaGenerator
 
 
-def sweep_layout(sweep: LiveSweep) -> SweepLayout:
+def sweep_layout(sweep: Sweep) -> SweepLayout:
     st.header("2 · The sweep")
     layout = SweepLayout(st.empty(), st.empty())
     draw_progress(sweep, layout)
@@ -133,11 +153,11 @@ def sweep_layout(sweep: LiveSweep) -> SweepLayout:
     return layout
 
 
-def draw_progress(sweep: LiveSweep, layout: SweepLayout) -> None:
+def draw_progress(sweep: Sweep, layout: SweepLayout) -> None:
     layout.progress.progress(sweep.progress(), text=sweep.progress_line())
 
 
-def follow(sweep: LiveSweep, layout: SweepLayout) -> None:
+def follow(sweep: Sweep, layout: SweepLayout) -> None:
     """Fold the engine's steps in and move the bar until the sweep is over, redrawing the charts after each rate (or
     stop here when a newer script run follows the sweep)."""
     follower = sweep.follow()
@@ -156,23 +176,24 @@ def follow(sweep: LiveSweep, layout: SweepLayout) -> None:
             return
 
 
-def draw_results(sweep: LiveSweep, layout: SweepLayout) -> None:
+def draw_results(sweep: Sweep, layout: SweepLayout) -> None:
     """The headline, the charts and the table of the rates done so far."""
     with layout.results.container():
         picked = sweep.rates_line()
         if picked:
             st.caption(picked)
         if not sweep.points:
-            st.caption("The charts appear once the first rate has run on both lanes.")
+            where = "on both lanes" if isinstance(sweep, LiveSweep) else "on a server"
+            st.caption(f"The charts appear once the first rate has run {where}.")
             return
         points = points_frame(sweep.points)
         found = goodputs(sweep.points)
         bends = knees(sweep.points, KNEE_COLUMNS)
-        sentence = headline(found["continuous"], found["static"], sweep.slo)
+        sentence = sweep.headline_text()
         if sweep.completed:
             st.success(sentence)
         else:
-            st.info(f"So far ({len(sweep.records)} of {len(sweep.spec.rates)} rates): {sentence}")
+            st.info(f"So far ({sweep.rates_done} of {len(sweep.spec.rates)} rates): {sentence}")
         left, right = st.columns(2)
         with left:
             st.altair_chart(
@@ -184,9 +205,13 @@ def draw_results(sweep: LiveSweep, layout: SweepLayout) -> None:
             st.altair_chart(latency_chart(points, "tpot", ("p90",), bends, sweep.slo.tpot_s), width="stretch")
             st.altair_chart(throughput_chart(points, bends), width="stretch")
             st.caption(CAPTIONS["attainment"])
-        st.caption(CAPTIONS["latency"] + " " + CAPTIONS["throughput"])
+        throughput = CAPTIONS["throughput"] if isinstance(sweep, LiveSweep) else SERVERS_THROUGHPUT
+        st.caption(CAPTIONS["latency"] + " " + throughput)
         st.caption(knee_line(bends))
-        st.caption(f"Steps: {steps_line(sweep)}. {CLOCKS[sweep.lane_clock]}")
+        if isinstance(sweep, LiveSweep):
+            st.caption(f"Steps: {steps_line(sweep)}. {CLOCKS[sweep.lane_clock]}")
+        else:
+            server_results(sweep)
 
 
 def knee_line(bends: dict[tuple[str, str], float | None]) -> str:
@@ -206,8 +231,8 @@ def steps_line(sweep: LiveSweep) -> str:
     return "; ".join(f"{where}: {kind}" for where, kind in sweep.steps.items())
 
 
-def table_section(sweep: LiveSweep, setup: dict) -> None:
-    """Every point in a table, and the downloads."""
+def table_section(sweep: Sweep, setup: dict) -> None:
+    """Every point in a table (and each server's own figures), and the downloads."""
     if not sweep.points:
         return
     st.header("3 · Every point")
@@ -220,9 +245,17 @@ def table_section(sweep: LiveSweep, setup: dict) -> None:
         "capacities": sweep.capacities,
         "points": [point.as_dict() for point in sweep.points],
         "goodput": {name: asdict(each) | {"whole_sweep": each.whole_sweep} for name, each in found.items()},
-        "headline": headline(found["continuous"], found["static"], sweep.slo),
+        "headline": sweep.headline_text(),
         "completed": sweep.completed,
     }
+    if isinstance(sweep, LiveServerSweep):
+        st.caption(f'Each server\'s own figures ({METRICS}; "not reported": that server has no such figure):')
+        st.dataframe(server_table(sweep), hide_index=True, width="stretch")
+        document["servers"] = [point.as_dict() for point in sweep.servers]
+        document["sources"] = {"points": CLIENT, "servers": f"{METRICS} (null: {NOT_REPORTED})"}
+        if setup.get("command"):
+            st.caption("The same sweep from the command line:")
+            st.code(setup["command"], language="bash")
     c1, c2, _ = st.columns([1, 1, 4])
     c1.download_button("Points (CSV)", export.to_csv(frame), "batchscope-sweep.csv", "text/csv", on_click="ignore")
     c2.download_button(

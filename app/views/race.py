@@ -39,7 +39,7 @@ if buttons.running:  # prompts added since join both lanes; a new slow motion ap
 lanes = kept.run
 progress_slot, answer_slots = race_answers_section(lanes)
 layout = engine_layout(RACE_NOTES)
-memory = memory_layout(tuple(lanes.lanes))
+memory = memory_layout(tuple(lanes.lanes), race.memory_budget(frame, kv_tokens))
 
 
 def draw_charts() -> None:
@@ -54,5 +54,5 @@ if buttons.running:  # the race ended during this script run
 runs = lanes.runs()
 meters = {mode: waste_meters(record) for mode, record in runs.items()}  # each lane's, read by both sections
 inspector_section(runs, meters, lanes.labels(), frame.decode, LANE_RUN_NAMES)
-numbers_section(runs, meters, False, lanes)
+numbers_section(runs, meters, False, lanes, frame.service.info.weights)
 export_section(runs, lanes.lanes["continuous"], kept.setup)

@@ -1,5 +1,6 @@
 """Remote server. The queue goes to any OpenAI-compatible server, live in one mode (continuous: up to N requests in
-flight; static: waves of N), then again in the other; every time is the client's, next to the server's telemetry."""
+flight; static: waves of N), then again in the other; every time is the client's, next to the server's telemetry
+(and, through a fleet's router, each replica's, side by side)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from app.runs import remote
 from app.sections.answers import answers_section, stream
 from app.sections.charts import live_remote_charts, remote_comparison_charts, remote_layout
 from app.sections.export import remote_export_section
+from app.sections.fleet import draw_fleet, fleet_layout
 from app.sections.numbers import remote_failures, remote_numbers_section
 from app.sections.queue import queue_section, run_buttons
 from app.sidebar import REMOTE_RUN_NOTE, compare_choice, remote_server_choice
@@ -44,9 +46,22 @@ st.info(REMOTE_NOTE)
 st.caption(remote.order_line(kept.setup))
 progress_slot, answer_slots = answers_section(run)
 layout = remote_layout(live.setup.mode)
-stream(streaming, progress_slot, answer_slots, partial(live_remote_charts, layout, run, live))
+replicas = kept.fleet
+fleet = fleet_layout(list(replicas)) if replicas else None
+
+
+def draw_live(now: float) -> None:
+    live_remote_charts(layout, run, live, now)
+    if fleet is not None:
+        draw_fleet(fleet, replicas, run.start)
+
+
+stream(streaming, progress_slot, answer_slots, draw_live)
 live.close()
 runs = remote.compared(kept, streaming, compare, layout.progress)
+kept.stop_watching()
+if fleet is not None:
+    draw_fleet(fleet, replicas, run.start)
 buttons.run_ended()
 labels = kept.labels()
 remote_comparison_charts(layout, runs, compare, labels)

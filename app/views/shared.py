@@ -41,5 +41,5 @@ buttons.run_ended()
 runs = comparison_charts(run, compare, layout)
 meters = {mode: waste_meters(record) for mode, record in runs.items()}  # each run's, read by both sections
 inspector_section(runs, meters, run.labels(), frame.decode)
-numbers_section(runs, meters, run.others_seen)
+numbers_section(runs, meters, run.others_seen, weights=frame.service.info.weights)
 export_section(runs, run, kept.setup)

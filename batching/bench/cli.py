@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from batching.arrivals import Schedule
 from batching.bench.floor import format_floor, measure_floor
-from batching.bench.gguf_convert import GGUFConversionError, check_convertible, convert
+from batching.bench.gguf_convert import WEIGHT_FORMATS, GGUFConversionError, check_convertible, convert
 from batching.bench.hf_peer import HFPeer
 from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
 from batching.bench.local_server import ServerStartError
@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, help="torch CPU threads, and llama.cpp's (default: torch's)")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server binary (default: on PATH, else xllamacpp)")
     parser.add_argument("--llamacpp-args", default="", help="more llama-server flags, e.g. '-fa on -kvu'")
+    parser.add_argument(
+        "--llamacpp-weights",
+        choices=("auto", *WEIGHT_FORMATS),
+        default="auto",
+        help="llama.cpp's copy of the layers' linear weights: auto is q4_0 when ours are 4-bit, else f32",
+    )
     parser.add_argument("--vllm-python", help="vLLM's environment's Python (default: settings)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write occupancy and latency charts here (PNG)")
@@ -378,12 +384,19 @@ def start_peer(args: argparse.Namespace, settings: Settings, plan: Plan) -> HFPe
     )
 
 
+def llamacpp_weights(choice: str, loaded: LoadedModel) -> str:
+    """The GGUF format of llama.cpp's copy: as chosen, or (auto) Q4_0 beside our 4-bit weights, else F32."""
+    if choice != "auto":
+        return choice
+    return "q4_0" if loaded.weights.precision.startswith("4-bit") else "f32"
+
+
 def start_llamacpp(
-    loaded: LoadedModel, plan: Plan, command: list[str], extra: Sequence[str], log_dir: Path
+    loaded: LoadedModel, plan: Plan, command: list[str], extra: Sequence[str], log_dir: Path, weights: str = "f32"
 ) -> LlamaCppPeer:
-    """llama.cpp's server on a GGUF F32 copy of the model (converted once, then cached), sized like our batcher."""
+    """llama.cpp's server on a GGUF copy of the model (converted once, then cached), sized like our batcher."""
     settings = LlamaCppSettings(
-        model=convert(loaded.model, loaded.tokenizer),
+        model=convert(loaded.model, loaded.tokenizer, weights=weights),
         slots=plan.options.max_batch_size,
         context_per_slot=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),
         threads=torch.get_num_threads(),
@@ -449,7 +462,8 @@ def vllm_settings(loaded: LoadedModel, plan: Plan) -> VllmSettings:
         batch_tokens=plan.options.max_batched_tokens,
         max_model_len=max(len(ids) + cap for ids, cap in zip(plan.prompt_ids, plan.caps, strict=True)),
         threads=torch.get_num_threads(),
-        dtype=str(loaded.dtype).removeprefix("torch."),
+        # vLLM's GPTQ kernels on a CPU take bfloat16 activations only (float32 is refused at start).
+        dtype="bfloat16" if loaded.weights.quantized else str(loaded.dtype).removeprefix("torch."),
     )
 
 
@@ -549,7 +563,8 @@ def _start_peers(
     if llamacpp is not None:
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-llamacpp-")))
         extra = shlex.split(args.llamacpp_args)
-        peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir))
+        weights = llamacpp_weights(args.llamacpp_weights, loaded)
+        peers["llamacpp"] = stack.enter_context(start_llamacpp(loaded, plan, llamacpp, extra, log_dir, weights))
     if vllm is not None:
         python, setup = vllm
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))

@@ -1,4 +1,5 @@
-"""A loaded transformers model as a GGUF F32 file for llama.cpp, written with the `gguf` package and cached on disk.
+"""A loaded transformers model as a GGUF file for llama.cpp (F32, or its layers' linear weights in Q4_0), written
+with the `gguf` package and cached on disk.
 
 Only what the llama.cpp peer needs: the Llama, Qwen2 and GPT-2 families with a byte-level BPE tokenizer (the
 embedded model and the test models). The tensors are the model's own float32 weights, renamed by gguf's tensor
@@ -6,6 +7,11 @@ map and changed only where llama.cpp's own converter changes them: Llama's query
 rotates adjacent pairs, transformers the two halves), GPT-2's Conv1D weights transposed. Prompts reach the server
 as token ids, so the vocabulary only has to match id for id. Anything else is refused with one line naming what is
 not supported.
+
+A GPTQ model is written from its own 4-bit grid: each quantised layer's weights unpacked from the folder's
+`qweight`/`qzeros`/`scales` to float32 (the values its kernel multiplies by), then stored as F32 or as llama.cpp's
+Q4_0, so llama.cpp runs the same 4-bit model ours does (Q4_0's groups of 32 hold a group-128 grid within a rounding).
+Embeddings, norms and the output projection stay F32 in both, as ours keeps them.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # Bumped whenever the file written changes, so a cached file from an older converter is not reused.
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"
+WEIGHT_FORMATS = ("f32", "q4_0")  # how the layers' linear weights are stored; everything else is F32
+_LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$")
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "gpt2": "gpt2"}  # transformers model_type -> GGUF architecture
 _GPT2_CONV1D = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")  # stored [in, out]: llama.cpp wants [out, in]
 INSTALL_HINT = "pip install -r requirements-llamacpp.txt"
@@ -56,24 +64,84 @@ def check_convertible(model: PreTrainedModel) -> str:
     return ARCHITECTURES[model_type]
 
 
-def convert(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cache_dir: Path | None = None) -> Path:
-    """The GGUF F32 file of `model` and `tokenizer`: taken from the cache when an identical model was converted."""
+def convert(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cache_dir: Path | None = None, weights: str = "f32"
+) -> Path:
+    """The GGUF file of `model` and `tokenizer`, its layers' linear weights as `weights` (f32 or q4_0): taken from
+    the cache when an identical model was converted the same way."""
+    if weights not in WEIGHT_FORMATS:
+        raise GGUFConversionError(f"weights={weights!r} is not a GGUF format here: one of {', '.join(WEIGHT_FORMATS)}")
     arch = check_convertible(model)
     vocab = _tokenizer_json(tokenizer)
-    tensors = {name: tensor.detach().to("cpu", torch.float32) for name, tensor in model.state_dict().items()}
-    digest = _digest(model.config.to_json_string(), json.dumps(vocab, sort_keys=True), tensors)
+    tensors = float_tensors(model)
+    digest = _digest(f"{model.config.to_json_string()}\n{weights}", json.dumps(vocab, sort_keys=True), tensors)
     folder = cache_dir or default_cache_dir()
-    path = folder / f"{arch}-{digest[:20]}.f32.gguf"
+    path = folder / f"{arch}-{digest[:20]}.{weights}.gguf"
     if path.is_file():
         return path
     folder.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.partial")
     try:
-        _write(partial, arch, model, tokenizer, vocab, tensors)
+        _write(partial, arch, model, tokenizer, vocab, tensors, weights)
         partial.replace(path)  # atomic: a reader never sees half a file
     finally:
         partial.unlink(missing_ok=True)
     return path
+
+
+def float_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The model's tensors in float32, by their transformers names; a GPTQ model's quantised layers as the float
+    weights their 4-bit grid holds (read from the folder it was loaded from)."""
+    tensors = {name: tensor.detach().to("cpu", torch.float32) for name, tensor in model.state_dict().items()}
+    if getattr(model.config, "quantization_config", None) is None:
+        return tensors
+    from safetensors.torch import load_file
+
+    folder = Path(model.config._name_or_path)
+    stored: dict[str, torch.Tensor] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        stored.update(load_file(path))
+    bits = _gptq_bits(model)
+    plain = {name: tensor for name, tensor in tensors.items() if not name.endswith(_GPTQ_PARTS)}
+    for name in [name for name in stored if name.endswith(".qweight")]:
+        prefix = name.removesuffix(".qweight")
+        plain[f"{prefix}.weight"] = gptq_dequantize(
+            stored[name], stored[f"{prefix}.qzeros"], stored[f"{prefix}.scales"], stored[f"{prefix}.g_idx"], bits
+        )
+        if f"{prefix}.bias" in stored:
+            plain[f"{prefix}.bias"] = stored[f"{prefix}.bias"].to(torch.float32)
+    return plain
+
+
+_GPTQ_PARTS = (".qweight", ".qzeros", ".scales", ".g_idx", ".wf_unsqueeze_zero", ".wf_unsqueeze_neg_one")
+
+
+def _gptq_bits(model: PreTrainedModel) -> int:
+    quantization = model.config.quantization_config
+    settings = quantization if isinstance(quantization, dict) else quantization.to_dict()
+    if str(settings.get("quant_method")).lower().removeprefix("quantizationmethod.") != "gptq" or settings.get(
+        "bits"
+    ) not in (4, 8):
+        raise GGUFConversionError(f"only 4- and 8-bit GPTQ models convert to GGUF here, not {settings}")
+    if str(settings.get("checkpoint_format", settings.get("format", "gptq"))) != "gptq":
+        raise GGUFConversionError("only GPTQ's own checkpoint format (v1) converts to GGUF here")
+    return int(settings["bits"])
+
+
+def gptq_dequantize(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor, bits: int
+) -> torch.Tensor:
+    """A GPTQ (v1 checkpoint) layer's weights as float32 [out, in]: w = scale * (q - (zero + 1)), each input row in
+    the group `g_idx` names, codes packed `32 // bits` to an int32, lowest bits first (inputs along qweight's rows,
+    outputs along qzeros' columns)."""
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    mask = (1 << bits) - 1
+    codes = ((qweight.unsqueeze(1) >> shifts.view(1, -1, 1)) & mask).reshape(-1, qweight.shape[1])  # [in, out]
+    zeros = ((qzeros.unsqueeze(2) >> shifts.view(1, 1, -1)) & mask).reshape(qzeros.shape[0], -1)  # [groups, out]
+    zeros = zeros[:, : scales.shape[1]] + 1
+    groups = g_idx.long()
+    weight = (codes.to(torch.float32) - zeros[groups].to(torch.float32)) * scales[groups].to(torch.float32)
+    return weight.T.contiguous()
 
 
 def _digest(config: str, vocab: str, tensors: dict[str, torch.Tensor]) -> str:
@@ -113,6 +181,7 @@ def _write(
     tokenizer: PreTrainedTokenizerBase,
     vocab: dict[str, Any],
     tensors: dict[str, torch.Tensor],
+    weights: str,
 ) -> None:
     gguf = _import_gguf()
     config = model.config
@@ -123,7 +192,7 @@ def _write(
     else:
         _llama_hyperparameters(writer, config)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if weights == "q4_0" else gguf.LlamaFileType.ALL_F32)
     _add_vocab(writer, gguf, vocab, tokenizer, config.vocab_size)
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config.num_hidden_layers)
@@ -139,7 +208,12 @@ def _write(
             tensor = _rotate_pairs(tensor, heads)
         elif arch == "gpt2" and name.endswith(_GPT2_CONV1D):
             tensor = tensor.T
-        writer.add_tensor(new_name, np.ascontiguousarray(tensor.numpy(), dtype=np.float32))
+        data = np.ascontiguousarray(tensor.numpy(), dtype=np.float32)
+        if weights == "q4_0" and _LINEAR.match(name) and data.shape[-1] % 32 == 0:
+            q4 = gguf.GGMLQuantizationType.Q4_0
+            writer.add_tensor(new_name, gguf.quants.quantize(data, q4), raw_dtype=q4)
+        else:
+            writer.add_tensor(new_name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

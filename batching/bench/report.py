@@ -183,14 +183,17 @@ def compare(report: dict[str, dict]) -> None:
         figures["requests_differing_from_static"] = mismatched
 
 
+def host_info() -> dict:
+    """The machine this process runs on, without a model (a client of remote servers)."""
+    return {"cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "python": platform.python_version()}
+
+
 def machine_info(loaded: LoadedModel) -> dict:
     return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
+        **host_info(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "python": platform.python_version(),
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "huge_pages": huge_pages_state(),

@@ -2,6 +2,8 @@
 
     python -m batching.bench.sweep --workload seed-lab --rates 2,4,8,16,32 --requests 32 --json sweep.json
     python -m batching.bench.sweep --servers batchscope,vllm --rates 2,4,8,16 --plot sweep.png
+    python -m batching.bench.sweep --url ours=http://127.0.0.1:8001 --url vllm=http://127.0.0.1:8002 --plot s.png
+    python -m batching.bench.sweep --router http://127.0.0.1:8000 --replica http://127.0.0.1:8001 --replica ...
 
 In-process (the default), each rate is a race of the workload's requests on a continuous and a static batcher
 (`batching.sweep.run_rate`), on the same seeded Poisson arrivals and on the lanes' own clocks, with the batcher the
@@ -9,7 +11,11 @@ page's sweep gets from the same settings (slots, token budget, KV memory, prefix
 template): for the same workload, rates, requests and seed it measures what the page's "Load sweep" view measures.
 With `--servers`, each server (ours, `python -m batching.serve`; vLLM's CPU build; transformers serve) is started
 on the model folder and the same token ids arrive at each rate on the wall clock, streamed from `/v1/completions`
-and timed as `vllm bench serve` times them (`batching.bench.sweep_client`).
+and timed as `vllm bench serve` times them (`batching.bench.sweep_client`). With `--url` (servers already running)
+and `--router` (a fleet: requests through the router, each `--replica`'s metrics read, or the router's own list of
+workers), each is driven alone on the same arrivals and prompts after a warm-up, its rates picked by a probe of its
+capacity with `auto`, and what each server's `/metrics` said at each rate is printed beside the client's figures
+(`batching.bench.sweep_remote`).
 
 Prints one line per series and rate, each series' goodput (the highest rate at which 90% of requests met the
 target) and the curves' knees, then the headline; `--json` writes every figure, `--plot` the
@@ -34,8 +40,9 @@ from tqdm import tqdm
 from batching.arrivals import Schedule
 from batching.bench import serve_peer
 from batching.bench.local_server import ServerStartError
-from batching.bench.report import machine_info
+from batching.bench.report import host_info, machine_info
 from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.bench.sweep_remote import RemoteSweep, Target, check_names, fleet_target, server_target
 from batching.bench.workloads import (
     RANDOM_NAME,
     RefusedRequest,
@@ -51,6 +58,7 @@ from batching.engine.model_support import UnsupportedModelError, check_supported
 from batching.engine.params import RequestParams
 from batching.engine.request import Request
 from batching.race import LaneStep
+from batching.remote import WARM_UP_QUESTION, Endpoint, RemoteError, endpoint_from_settings
 from batching.runs import CPU, WALL, LaneClock, StepClock
 from batching.service import engine_options
 from batching.sweep import AUTO, DEFAULT_REQUESTS, SweepSpec, auto_rates, capacity, format_rates, parse_rates, run_rate
@@ -71,9 +79,20 @@ from utils.sweep import (
     knees,
     points_frame,
     record_point,
+    servers_headline,
     sweep_point,
 )
 from utils.sweep_charts import KNEE_COLUMNS, sweep_chart
+from utils.sweep_servers import (
+    CLIENT,
+    METRICS,
+    NOT_REPORTED,
+    SERVER_FIGURES,
+    ServerPoint,
+    server_frame,
+    shown,
+    spread_lines,
+)
 
 DEFAULT_WORKLOAD = "seed-lab"
 DEFAULT_TTFT_MS = 200.0
@@ -106,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wall-clock", action="store_true", help="in-process: lanes count wall time, not CPU time")
     parser.add_argument("--servers", help="sweep these servers instead: " + ", ".join(serve_peer.SERVERS))
     parser.add_argument("--vllm-python", help="vLLM's environment's Python (default: settings)")
+    parser.add_argument("--url", action="append", default=[], help="a running server, NAME=URL (repeat for more)")
+    parser.add_argument("--router", help="a fleet's router, [NAME=]URL: requests go through it")
+    parser.add_argument(
+        "--replica", action="append", default=[], help="a replica behind --router (repeat); default: its own list"
+    )
+    parser.add_argument("--api-key", help="sent to running servers as a bearer key (default: settings' remote key)")
+    parser.add_argument("--served-model", help="the model name to send them (default: the first they list)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--plot", type=Path, help="write the charts here (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -127,6 +153,11 @@ def check_args(args: argparse.Namespace) -> tuple[SweepSpec, Slo, Workload]:
     problem = first_below_one(args, ("batch_size", "max_new_tokens", "threads")) or first_missing_folder(args)
     if problem:
         raise SweepError(problem)
+    running = bool(args.url or args.router)
+    if running and args.servers:
+        raise SweepError("--servers starts servers, --url and --router sweep running ones: give one or the other")
+    if args.replica and not args.router:
+        raise SweepError("--replica names a replica behind a router: give the router too (--router URL)")
     try:
         spec = SweepSpec(parse_rates(args.rates), args.requests, args.seed)
         if spec.auto and args.servers:
@@ -307,6 +338,97 @@ def server_spec(spec: serve_peer.ServerSpec, slots: int, load: serve_peer.Load) 
     return replace(spec, env=env)
 
 
+# --- against running servers and fleets ---------------------------------------------------------------------------
+def running_targets(args: argparse.Namespace) -> list[Target]:
+    """Each `--url` server, then the `--router` fleet, with the key and timeouts of the remote settings."""
+    settings = load_settings().remote
+    key = args.api_key or settings.api_key
+
+    def endpoint_of(url: str) -> Endpoint:
+        return endpoint_from_settings(settings, url, key)
+
+    try:
+        targets = [server_target(text, endpoint_of, args.served_model) for text in args.url]
+        if args.router:
+            targets.append(fleet_target(args.router, args.replica, endpoint_of, args.served_model))
+        check_names(targets)
+    except (RemoteError, ValueError) as exc:
+        raise SweepError(str(exc)) from None
+    return targets
+
+
+def running_prompts(spec: SweepSpec, workload: Workload, args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The mix as text in the settings' template, cycled to the requests per rate, each with its cap."""
+    settings = load_settings()
+    default_cap = args.max_new_tokens or settings.generation.max_new_tokens
+    template = (settings.prompt.system_prompt, settings.prompt.template)
+    return [
+        (format_prompt(item.prompt, *template), item.max_new_tokens or default_cap)
+        for item in spec.mix(workload.requests)
+    ]
+
+
+def sweep_running(args: argparse.Namespace, spec: SweepSpec, slo: Slo, workload: Workload) -> dict:
+    """The sweep of running servers (and a fleet): warm-ups, the probe with `auto`, every rate on each in turn."""
+    targets = running_targets(args)
+    settings = load_settings()
+    warm_prompt = format_prompt(WARM_UP_QUESTION, settings.prompt.system_prompt, settings.prompt.template)
+    sweep = RemoteSweep(
+        targets,
+        running_prompts(spec, workload, args),
+        spec,
+        slo,
+        args.ignore_eos,
+        warm_prompt,
+        settings.remote.telemetry_interval_s,
+    )
+    with tqdm(total=sweep.total_requests(), unit="req", file=sys.stderr, disable=args.no_progress) as bar:
+        sweep.run(lambda: bar.update(1))
+    if sweep.error is not None:
+        raise SweepError(sweep.error)
+    series = [target.name for target in targets]
+    result = {
+        "workload": workload.name,
+        "requests_per_rate": spec.requests,
+        "rates_asked": args.rates,
+        "rates": list(sweep.spec.rates),
+        "capacities": sweep.capacities,
+        "seed": spec.seed,
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attainment_goal": 0.9},
+        "ignore_eos": args.ignore_eos,
+        "where": "running servers, each alone: " + ", ".join(f"{t.name} ({t.endpoint.root})" for t in targets),
+        "targets": [
+            {"name": t.name, "url": t.endpoint.root, "model": t.model, "replicas": [r.root for r in t.replicas]}
+            for t in targets
+        ],
+        "warm_ups_s": sweep.warm_ups,
+        "lane_clock": None,
+        "machine": {"client": host_info()},
+        "sources": {"points": CLIENT, "servers": METRICS + " (null: " + NOT_REPORTED + ")"},
+        "servers": [point.as_dict() for point in sweep.servers],
+        "spread": spread_lines(sweep.servers),
+        **summary(sweep.points, slo, series),
+    }
+    if args.plot:
+        title = f"Load sweep: {workload.name}, {spec.requests} requests per rate, seed {spec.seed}: " + ", ".join(
+            series
+        )
+        save_plot(args.plot, sweep.points, slo, title, sweep.servers)
+    return result
+
+
+def format_server_table(servers: Sequence[dict]) -> str:
+    """What each server said at each rate (its /metrics), one line per server and rate; "not reported" where it
+    has no such figure."""
+    columns = ("running_mean", "running_peak", "waiting_peak", "cache_usage_peak", "preemptions", "finished")
+    header = ("series", "server", "rate/s", *(SERVER_FIGURES[name] for name in columns))
+    lines = [
+        (point["series"], point["server"], f"{point['rate']:g}", *(shown(point[name], name) for name in columns))
+        for point in servers
+    ]
+    return text_table(header, lines)
+
+
 # --- output --------------------------------------------------------------------------------------------------------
 def format_table(points: Sequence[SweepPoint]) -> str:
     """One line per series and rate, in the order they ran."""
@@ -379,12 +501,16 @@ def summary(points: list[SweepPoint], slo: Slo, series: Sequence[str]) -> dict:
     if set(series) == set(MODES):
         result["headline"] = headline(found["continuous"], found["static"], slo)
         result["ratio"] = goodput_ratio(found["continuous"], found["static"])
+    elif found:
+        result["headline"] = servers_headline(found, slo)
     result["lines"] = goodput_lines(found, slo) + knee_lines(bends)
     return result
 
 
 def run(args: argparse.Namespace) -> dict:
     spec, slo, workload = check_args(args)
+    if args.url or args.router:
+        return sweep_running(args, spec, slo, workload)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -427,12 +553,17 @@ def run(args: argparse.Namespace) -> dict:
         **summary(points, slo, series),
     }
     if args.plot:
-        title = f"Load sweep: {workload.name}, {spec.requests} requests per rate, seed {spec.seed}"
-        found = goodputs(points)
-        sweep_chart(points_frame(points), slo, knees(points, KNEE_COLUMNS), found, title).save(
-            str(args.plot), format="png"
+        save_plot(
+            args.plot, points, slo, f"Load sweep: {workload.name}, {spec.requests} requests per rate, seed {spec.seed}"
         )
     return result
+
+
+def save_plot(path: Path, points: list[SweepPoint], slo: Slo, title: str, servers: Sequence[ServerPoint] = ()) -> None:
+    """Every chart of the sweep as a PNG (with each server's own figures when it read them)."""
+    frame = server_frame(servers) if servers else None
+    chart = sweep_chart(points_frame(points), slo, knees(points, KNEE_COLUMNS), goodputs(points), title, frame)
+    chart.save(str(path), format="png")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -452,8 +583,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         served = ", ".join(f"{mode} {rate:.3g}" for mode, rate in result["capacities"].items())
         print(f"rates picked (auto): {format_rates(result['rates'])} requests/s; every request at once: {served} req/s")
     print(format_table([SweepPoint(**_fields(point)) for point in result["points"]]))
+    if result.get("servers"):
+        print(f"\neach server's own figures ({METRICS}):")
+        print(format_server_table(result["servers"]))
     print()
-    print("\n".join(result["lines"]))
+    print("\n".join(result["lines"] + result.get("spread", [])))
     if result["headline"]:
         print(result["headline"])
     if args.json:

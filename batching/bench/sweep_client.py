@@ -4,8 +4,9 @@ Each request is sent when its Poisson arrival comes (one thread each, so a slow 
 send), streamed from `/v1/completions`, and timed in its thread exactly as vLLM's client does
 (`vllm/benchmarks/lib/endpoint_request_func.py`): the clock starts just before the POST, every server-sent event
 with a choice is a chunk (its arrival time kept: the first gives TTFT, the gaps ITL, the last the latency), and the
-output tokens are the server's own count from the usage chunk. The prompt goes as token ids, so every server gets
-the same tokens.
+output tokens are the server's own count from the usage chunk. The prompt goes as token ids when the sweep
+tokenised it (servers it started on one model folder: every server gets the same tokens), else as the same text
+(servers already running, whose tokenizer this process does not have).
 
 Why our own loop rather than vLLM's or guidellm's: vLLM's client lives in vLLM's environment (its torch and
 transformers pins), guidellm draws its own synthetic prompts, and the sweep must send the page's prompt mix, token
@@ -18,7 +19,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx2
@@ -29,17 +30,18 @@ from utils.sweep import RequestTiming
 REQUEST_TIMEOUT_S = 600.0
 
 
-def request_body(model: str, prompt: Sequence[int], cap: int, ignore_eos: bool) -> dict[str, Any]:
-    """A greedy streamed completion of token ids, with the usage chunk at the end (vLLM's `ignore_eos` as asked)."""
-    return {
-        "model": model,
-        "prompt": list(prompt),
+def request_body(model: str | None, prompt: Sequence[int] | str, cap: int, ignore_eos: bool) -> dict[str, Any]:
+    """A greedy streamed completion of token ids (or text), with the usage chunk at the end (vLLM's `ignore_eos` as
+    asked); no model: the server's own (every OpenAI-compatible server but OpenAI's takes that)."""
+    body: dict[str, Any] = {
+        "prompt": prompt if isinstance(prompt, str) else list(prompt),
         "max_tokens": cap,
         "temperature": 0,
         "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    return body if model is None else {"model": model, **body}
 
 
 def stream_timing(
@@ -73,13 +75,17 @@ def run_remote_rate(
     schedule: Schedule,
     on_finished: Callable[[], object] = lambda: None,
     clock: Callable[[], float] = time.perf_counter,
+    headers: Mapping[str, str] | None = None,
+    stop: threading.Event | None = None,
 ) -> tuple[list[RequestTiming], float]:
     """Send body i (`request_body`) at `schedule.due[i]` seconds and wait for every answer; their timings (in
-    request order) and the run's duration, from its start to the last answer's end (vLLM's benchmark duration)."""
+    request order) and the run's duration, from its start to the last answer's end (vLLM's benchmark duration).
+    `headers` go with every request (an API key); once `stop` is set nothing more is sent (those sent finish)."""
     timings: list[RequestTiming | None] = [None] * len(bodies)
     threads: list[threading.Thread] = []
     limits = httpx2.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
-    with httpx2.Client(timeout=httpx2.Timeout(REQUEST_TIMEOUT_S, connect=10.0), limits=limits) as client:
+    timeout = httpx2.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
+    with httpx2.Client(timeout=timeout, limits=limits, headers=dict(headers or {})) as client:
 
         def send(index: int) -> None:
             timings[index] = stream_timing(client, url, bodies[index], clock)
@@ -93,6 +99,9 @@ def run_remote_rate(
         driver = ArrivalDriver(schedule, submit, clock=clock)
         start = driver.start()
         while not driver.done:
+            if stop is not None and stop.is_set():
+                driver.drop_pending()
+                break
             driver.wait_idle()
         for thread in threads:
             thread.join()

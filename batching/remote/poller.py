@@ -43,15 +43,33 @@ class TelemetryPoller:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
     def samples(self) -> list[TelemetrySample]:
         return list(self._samples)
 
+    def read_now(self) -> TelemetrySample | None:
+        """One reading now, in the caller's thread, kept with the others: before `start()` or after `stop()` and
+        `join()`, so a run's counters move from its first reading to its last whatever the thread caught."""
+        with httpx2.Client(timeout=self._timeout(), headers=self.endpoint.headers()) as client:
+            started = self.clock()
+            reading = self.read(client)
+        if reading is None:
+            return None
+        sample = TelemetrySample(started, reading)
+        self._samples.append(sample)
+        return sample
+
+    def _timeout(self) -> httpx2.Timeout:
+        return httpx2.Timeout(POLL_TIMEOUT_S, connect=min(POLL_TIMEOUT_S, self.endpoint.connect_timeout_s))
+
     def _run(self) -> None:
-        timeout = httpx2.Timeout(POLL_TIMEOUT_S, connect=min(POLL_TIMEOUT_S, self.endpoint.connect_timeout_s))
-        with httpx2.Client(timeout=timeout, headers=self.endpoint.headers()) as client:
+        with httpx2.Client(timeout=self._timeout(), headers=self.endpoint.headers()) as client:
             while not self._stop.is_set():
                 started = self.clock()
                 reading = self.read(client)

@@ -1,4 +1,5 @@
-"""A serving engine's own telemetry, read into one shape: requests running, waiting, KV-cache use, preemptions.
+"""A serving engine's own telemetry, read into one shape: requests running, waiting, KV-cache use, preemptions, and
+requests finished (the count a fleet's spread is read from).
 
 Each engine names these differently (the table below, checked against real samples in tests/remote/data/); what an
 engine does not expose stays None and the page says "not reported" rather than guessing. Prometheus text is read
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,6 +26,7 @@ class EngineNames:
     waiting: tuple[str, ...]
     cache_usage: tuple[str, ...] = ()
     preemptions: tuple[str, ...] = ()
+    finished: tuple[str, ...] = ()
 
 
 ENGINES: tuple[EngineNames, ...] = (
@@ -35,8 +37,16 @@ ENGINES: tuple[EngineNames, ...] = (
         ("vllm:num_requests_waiting",),
         ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # the second is vLLM's name before 0.10
         ("vllm:num_preemptions_total",),
+        ("vllm:request_success_total",),
     ),
-    EngineNames("SGLang", "sglang:", ("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",)),
+    EngineNames(
+        "SGLang",
+        "sglang:",
+        ("sglang:num_running_reqs",),
+        ("sglang:num_queue_reqs",),
+        ("sglang:token_usage",),
+        finished=("sglang:e2e_request_latency_seconds_count",),  # its latency histogram's count: one per request
+    ),
     EngineNames("TGI", "tgi_", ("tgi_batch_current_size",), ("tgi_queue_size",)),
     EngineNames(
         "llama.cpp",
@@ -52,6 +62,7 @@ ENGINES: tuple[EngineNames, ...] = (
         ("batchscope:num_requests_waiting",),
         ("batchscope:kv_cache_usage_perc",),
         ("batchscope:num_preemptions_total",),
+        ("batchscope:request_success_total",),
     ),
 )
 FIGURES = ("running", "waiting", "cache_usage", "preemptions")
@@ -66,6 +77,7 @@ class Telemetry:
     waiting: float | None = None
     cache_usage: float | None = None  # 0 to 1
     preemptions: float | None = None  # cumulative since the server started
+    finished: float | None = None  # requests finished, cumulative since the server started
     slots_busy: int | None = None  # llama.cpp `/slots`
     slots_total: int | None = None
 
@@ -106,6 +118,7 @@ def parse_metrics(text: str) -> Telemetry:
             waiting=_first(values, names.waiting, sum),
             cache_usage=_first(values, names.cache_usage, _mean),
             preemptions=_first(values, names.preemptions, sum),
+            finished=_first(values, names.finished, sum),
         )
     return Telemetry(None)
 
@@ -121,7 +134,7 @@ def with_slots(telemetry: Telemetry, busy: int, total: int) -> Telemetry:
     """Add llama.cpp's slot counts; they also stand for `running` when `/metrics` gave none (it is off by default)."""
     running = telemetry.running if telemetry.running is not None else float(busy)
     engine = telemetry.engine or "llama.cpp"
-    return Telemetry(engine, running, telemetry.waiting, telemetry.cache_usage, telemetry.preemptions, busy, total)
+    return replace(telemetry, engine=engine, running=running, slots_busy=busy, slots_total=total)
 
 
 def _first(

@@ -3,6 +3,11 @@
 Parsed as the OpenAPI schema reads them (JSON types, no "1" for 1 nor true for 1), so what the schema allows is what
 the routes take. Nothing is silently dropped: OpenAI's and vLLM's fields this server cannot honour are taken only at
 their neutral value (`REFUSED`), and any field this server does not know is refused by name, as OpenAI's API does.
+The fields the field's routers add to every request they forward (vllm-router 0.1.17 and sglang-router 0.3.2 parse
+the body into SGLang's request type and send its defaults along: `no_stop_trim`, `skip_special_tokens`,
+`return_hidden_states`, `ignore_eos`, `echo`, and on chat `logprobs`, `continue_final_message` and the reasoning
+switches) are taken where they cannot change the answer: at the value this server always behaves by, or at any value
+when this server has nothing they act on (no reasoning parser). Any other value stays a 400 naming the field.
 Limits that depend on the served model (its name, vocabulary and context) are set per server by `served_models`.
 """
 
@@ -37,6 +42,11 @@ REFUSED = {
     "tools": "this server has no tool calling: leave it out",
     "tool_choice": "this server has no tool calling: leave it out",
     "response_format": "this server has no structured output: leave it out",
+    # SGLang's, which vllm-router and sglang-router add to every request they forward, at these neutral values
+    "no_stop_trim": "this server always leaves the stop string out of the text: use false or leave it out",
+    "skip_special_tokens": "this server always leaves special tokens out of the text: use true or leave it out",
+    "return_hidden_states": "this server returns no hidden states: use false or leave it out",
+    "continue_final_message": "this server always starts a new assistant turn: use false or leave it out",
 }
 
 
@@ -59,6 +69,7 @@ def _json_equal(expected: object) -> BeforeValidator:
 _WHOLE = BeforeValidator(_whole)
 One = Annotated[Literal[1], _json_equal(1)]
 No = Annotated[Literal[False], _json_equal(False)]
+Yes = Annotated[Literal[True], _json_equal(True)]
 Cap = Annotated[int, Field(ge=1), _WHOLE]
 TopK = Annotated[int, Field(ge=-1), _WHOLE]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED), _WHOLE]
@@ -129,6 +140,10 @@ class GenerationFields(_Body):
     tools: None = None
     tool_choice: None = None
     response_format: None = None
+    # SGLang's, sent by the routers at these values (REFUSED at any other)
+    no_stop_trim: No | None = Field(None, description="SGLang's: the stop string is always left out here")
+    skip_special_tokens: Yes | None = Field(None, description="SGLang's: special tokens are always left out here")
+    return_hidden_states: No | None = Field(None, description="SGLang's: no hidden states are returned here")
 
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -199,6 +214,11 @@ class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: No | None = None
     top_logprobs: None = None
+    continue_final_message: No | None = Field(None, description="vLLM's: a new assistant turn is always started here")
+    # vLLM's and SGLang's reasoning fields, sent by the routers: no reasoning parser here, so any value is the same
+    separate_reasoning: bool | None = Field(None, description="SGLang's: no reasoning parser here, no effect")
+    stream_reasoning: bool | None = Field(None, description="SGLang's: no reasoning parser here, no effect")
+    include_reasoning: bool | None = Field(None, description="vLLM's: no reasoning parser here, no effect")
 
     def conversation(self) -> list[dict[str, str]]:
         """Messages as the chat template takes them (OpenAI's `developer` role is a system message)."""

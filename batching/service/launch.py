@@ -2,11 +2,13 @@
 
 Forked when the client's process has not initialised CUDA (vLLM's default rule too): the child starts with torch and
 transformers already imported, so a cold start pays for loading the model only, not for importing the stack again
-(docs/benchmarks.md has the difference). A client that has initialised CUDA, which a forked
-child could not use, starts a fresh interpreter instead (`python -m batching.service`). Not multiprocessing's spawn:
-spawn re-runs the parent's `__main__`, which under Streamlit is the page script itself. Not multiprocessing's fork
-either: the child first lets go of every descriptor it inherited but its pipes (see
-`neutralise_inherited_descriptors`), and multiprocessing keeps pipes of its own in the child we could not tell apart.
+(docs/benchmarks.md has the difference). A client that has initialised CUDA, which a forked child could not use, or
+imported gptqmodel when the engine will run a GPTQ model (gptqmodel's log writer's thread is not in a forked child,
+and the child's first log line waits on it forever), starts a fresh interpreter instead (`python -m
+batching.service`). Not multiprocessing's spawn: spawn re-runs the parent's `__main__`, which under Streamlit is the
+page script itself. Not multiprocessing's fork either: the child first lets go of every descriptor it inherited but
+its pipes (see `neutralise_inherited_descriptors`), and multiprocessing keeps pipes of its own in the child we could
+not tell apart.
 """
 
 from __future__ import annotations
@@ -24,17 +26,18 @@ import torch
 
 from batching.service.messages import EngineConfig
 from batching.service.process import engine_main
+from model.loader import runs_gptq
 
 
 class EngineProcess:
     """The running engine process, and the two pipes to it (commands in, outputs out)."""
 
     def __init__(self, config: EngineConfig, fresh: bool | None = None) -> None:
-        """`fresh`: start a fresh interpreter rather than fork (None: only if this process initialised CUDA)."""
+        """`fresh`: start a fresh interpreter rather than fork (None: only where a forked child could not work)."""
         commands_out, commands_in = os.pipe()
         outputs_out, outputs_in = os.pipe()
         self._process: ForkedChild | subprocess.Popen
-        if torch.cuda.is_initialized() if fresh is None else fresh:
+        if _fork_would_fail(config) if fresh is None else fresh:
             self._process = _fresh_interpreter(commands_out, outputs_in)
         else:
             self._process = _forked(config, commands_out, outputs_in, parent_ends=(commands_in, outputs_out))
@@ -66,6 +69,12 @@ class EngineProcess:
     def kill(self) -> None:
         self._process.kill()
         self.wait(3)
+
+
+def _fork_would_fail(config: EngineConfig) -> bool:
+    """This process initialised CUDA, or imported the gptqmodel a GPTQ engine will run: a forked child could use
+    neither."""
+    return torch.cuda.is_initialized() or ("gptqmodel" in sys.modules and runs_gptq(config.model))
 
 
 def _forked(config: EngineConfig, commands_fd: int, outputs_fd: int, parent_ends: tuple[int, int]) -> ForkedChild:

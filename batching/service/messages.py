@@ -57,6 +57,7 @@ class EngineInfo:
     geometry: PoolGeometry  # what sizes a batcher's KV pool and bounds its requests (`Admission` checks by it)
     features: str = ""  # the attention features in use, e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
     thread_choice: ThreadChoice | None = None  # how many torch threads the engine runs on, and why
+    weights: str = ""  # the weights' precision and bytes, e.g. "4-bit GPTQ, group 128 weights, 3.2 MiB"
 
     @property
     def threads(self) -> str:

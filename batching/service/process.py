@@ -169,6 +169,7 @@ def _load(config: EngineConfig, outputs: Pulse) -> LoadedModel | None:
         load_seconds=loaded.load_seconds,
         pid=os.getpid(),
         features=attention_features(loaded.model),
+        weights=loaded.weights.line(),
         thread_choice=choice,
         geometry=PoolGeometry.of(loaded.model),
     )

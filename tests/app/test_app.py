@@ -24,7 +24,10 @@ from app.race_view import RaceRun
 from batching.engine.mask_view import ALLOWED, cell_kinds
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
-from model.prompting import extract_answer
+from config.settings import ModelSettings
+from model.loader import BUILTIN_4BIT_NAME, load_model
+from model.prompting import extract_answer, format_prompt
+from tests.engine.helpers import reference
 from tests.helpers import KEEP_EAGER, ROOT
 from utils import charts, export
 from utils.inspector_mask import padded_rectangle
@@ -649,6 +652,35 @@ def test_the_default_embedded_model_answers_the_customer_support_example(monkeyp
     continuous, static = (summarize(run.replays[mode]) for mode in ("continuous", "static"))
     assert static.mean_occupancy < continuous.mean_occupancy
     assert continuous.steps < static.steps
+
+
+def test_the_embedded_models_4bit_copy_is_picked_in_the_sidebar_and_races_as_itself(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The sidebar's weights choice: the 4-bit GPTQ copy is made on first use (in this test's own cache), its
+    engine says its precision and bytes, and both lanes answer what `generate` on the same 4-bit model answers."""
+    for name in [n for n in os.environ if n.startswith("BATCHSCOPE_") and n != KEEP_EAGER]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    at = open_app()
+    model_line = next(c.value for c in at.caption if "parameters" in c.value)
+    assert "4.1 M parameters" in model_line and "float32 weights, 15.7 MiB" in model_line
+    at.selectbox(key="weights").set_value(BUILTIN_4BIT_NAME).run()
+    assert not at.exception, at.exception
+    model_line = next(c.value for c in at.caption if "parameters" in c.value)
+    assert "builtin\\-4bit" in model_line and "4-bit GPTQ, group 128 weights" in model_line
+    assert "4.1 M parameters" in model_line  # each quantised layer counts its weights, as before packing
+    question = "How do I track my order?"
+    add(at, question, 12)
+    race = generate(at, "race")
+    assert isinstance(race, RaceRun) and race.completed
+    quantised = load_model(ModelSettings(name_or_path=BUILTIN_4BIT_NAME))
+    prompt = quantised.tokenizer(format_prompt(question))["input_ids"]
+    want = quantised.tokenizer.decode(reference(quantised.model, prompt, 12), skip_special_tokens=True)
+    for lane in race.lanes.values():
+        assert extract_answer(lane.views[0].finished.text) == extract_answer(want)
+    assert any("The model's 4-bit GPTQ, group 128 weights" in c.value for c in at.caption)
+    assert any("Model: 4-bit GPTQ, group 128 weights" in c.value for c in at.caption)
 
 
 def test_the_inspector_shows_a_runs_grid_meters_and_the_step_picked(finished_app: AppTest) -> None:

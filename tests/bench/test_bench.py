@@ -391,6 +391,9 @@ def test_the_compiled_mode_and_the_floor_are_reported_with_compile_time_apart(
     assert floor["rows"] == 8 and floor["floor_ms"] > 0
     assert floor["eager_over_floor"] == pytest.approx(floor["eager_ms"] / floor["floor_ms"])
     assert floor["compiled_over_floor"] == pytest.approx(floor["compiled_ms"] / floor["floor_ms"])
+    assert floor["stream_ms"] > 0 and floor["compiled_over_stream"] == pytest.approx(
+        floor["compiled_ms"] / floor["stream_ms"]
+    )
     assert any(line.startswith("floor: a 8-row decode step over 100 cached tokens") for line in printed.splitlines())
 
 

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from batching.arrivals import Schedule
 from batching.bench.cli import main
-from batching.bench.gguf_convert import GGUFConversionError, convert
+from batching.bench.gguf_convert import GGUFConversionError, convert, float_tensors
 from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
 from batching.engine.request import FinishReason
+from config.settings import ModelSettings
+from model.loader import load_model
 
 PROMPTS = [[1, 40, 41, 42, 43, 44, 45], [1, 50], [1, 60, 61, 62], [1, 70, 71, 72, 73, 74], [1, 80, 81], [1, 90]]
 CAPS = [9, 3, 14, 5, 7, 4]
@@ -73,6 +75,44 @@ def test_every_request_gets_exactly_its_cap_of_the_same_greedy_tokens_as_transfo
         assert event.arrival <= event.first_token <= event.finished <= record.end  # type: ignore[operator]
         assert event.slot in (0, 1, 2)
     assert record.wall_s > 0
+
+
+def test_a_gptq_model_is_written_from_its_own_4bit_grid(family_model_dirs: dict[str, Path]) -> None:
+    """The GPTQ layers unpacked to float weights: a float model holding them computes what the quantised model
+    computes, up to its kernel's bfloat16 rounding (an unpacking off by a zero point, a bit order or a transpose
+    is off by the weights' own size)."""
+    quantised = load_model(ModelSettings(name_or_path=str(family_model_dirs["llama_gptq"])))
+    weights = float_tensors(quantised.model)
+    assert not any(name.endswith((".qweight", ".qzeros", ".scales", ".g_idx")) for name in weights)
+    grid = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(family_model_dirs["llama_gptq"]))
+    grid.load_state_dict(weights, strict=True)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.inference_mode():
+        theirs = quantised.model(ids).logits
+        ours = grid.eval()(ids).logits
+    error = ((ours - theirs).norm() / theirs.norm()).item()
+    assert error < 0.02, error
+
+
+def test_q4_0_stores_the_layers_linear_weights_in_4_bits_and_serves_every_cap(
+    family_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    command = _server()
+    import gguf
+
+    quantised = load_model(ModelSettings(name_or_path=str(family_model_dirs["llama_gptq"])))
+    path = convert(quantised.model, quantised.tokenizer, tmp_path, weights="q4_0")
+    assert path.name.endswith(".q4_0.gguf")
+    kinds = {tensor.name: tensor.tensor_type.name for tensor in gguf.GGUFReader(path).tensors}
+    linear = [name for name in kinds if name.endswith(("attn_q.weight", "attn_output.weight", "ffn_down.weight"))]
+    assert len(linear) == 6 and all(kinds[name] == "Q4_0" for name in linear)
+    assert kinds["token_embd.weight"] == "F32" and kinds["output_norm.weight"] == "F32"
+    settings = LlamaCppSettings(path, slots=3, context_per_slot=32, threads=1, batch_tokens=64)
+    with LlamaCppPeer(command, settings, quantised.tokenizer, tmp_path) as peer:
+        record, _ = peer.run(PROMPTS, CAPS, Schedule.at_once(len(PROMPTS)), ignore_eos=True)
+    assert [event.output_tokens for event in record.finished] == CAPS
+    with pytest.raises(GGUFConversionError, match="weights='q8' is not a GGUF format here: one of f32, q4_0"):
+        convert(quantised.model, quantised.tokenizer, tmp_path, weights="q8")
 
 
 def test_a_request_due_at_a_later_step_is_sent_after_the_server_has_taken_that_many_steps(

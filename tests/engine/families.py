@@ -34,6 +34,7 @@ _DELTA_NET = {
     "linear_key_head_dim": 16,
     "linear_value_head_dim": 16,
 }
+_GPTQ = {"initializer_range": 0.3}
 _MAMBA2 = {"mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 8, "mamba_n_groups": 1, "mamba_chunk_size": 16}
 
 
@@ -47,6 +48,7 @@ class Family:
     overrides: dict = field(default_factory=dict)
     refused: str = ""  # a part of the refusal message; empty: the family runs exactly
     decoder: bool = True  # start from the common Llama-like sizes
+    gptq_bits: int = 0  # the saved random model quantised with GPTQ to this many bits (tests/conftest.py); 0: not
 
     @property
     def recurrent(self) -> bool:
@@ -88,6 +90,11 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("mistral", "mistral", f"sliding window {WINDOW}", {"sliding_window": WINDOW}),
     Family("qwen2", "qwen2", "attention biases"),
+    # GPTQ-quantised weights (gptqmodel's CPU kernel), compared with `generate` on the same quantised model. The
+    # kernel rounds each layer's input to bfloat16, so a float difference of 1e-7 from another chunking can move a
+    # rounding: the weights are wider still (0.3), so greedy choices are not near-ties at that noise either.
+    Family("llama_gptq", "llama", "GPTQ 4-bit weights, group 64", _GPTQ | {"tie_word_embeddings": True}, gptq_bits=4),
+    Family("qwen2_gptq", "qwen2", "GPTQ 4-bit weights, group 64, attention biases", _GPTQ, gptq_bits=4),
     Family("qwen3", "qwen3", "q/k norms", {"head_dim": 16}),
     Family(
         "qwen3_moe",

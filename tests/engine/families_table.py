@@ -17,9 +17,10 @@ from tests.engine.families import FAMILIES
 def summary() -> list[str]:
     """The README's table: the families by kind of layer, each marked exact or refused (the matrix's verdicts)."""
     lines = ["| layers | token-exact with `generate` | refused |", "|---|---|---|"]
-    groups: dict[str, tuple[list[str], list[str]]] = {"attention only": ([], []), "hybrid / state-space": ([], [])}
+    kinds = ("attention only", "hybrid / state-space", "GPTQ 4-bit weights (gptqmodel's CPU kernel)")
+    groups: dict[str, tuple[list[str], list[str]]] = {kind: ([], []) for kind in kinds}
     for family in FAMILIES:
-        exact, refused = groups["hybrid / state-space" if family.recurrent else "attention only"]
+        exact, refused = groups[kinds[2] if family.gptq_bits else kinds[1] if family.recurrent else kinds[0]]
         (refused if family.refused else exact).append(family.name)
     for kind, (exact, refused) in groups.items():
         lines.append(f"| {kind} | {', '.join(exact)} | {', '.join(refused) or '-'} |")

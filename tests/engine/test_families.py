@@ -44,8 +44,8 @@ COMPILED_CONTEXT = 96  # the longest request (prompt 30, cap 60) fits
 COMPILED_SLOTS = 4
 ONE_TOKEN = (RowKind.DECODE, RowKind.HELD)  # a step whose rows are all these is a decode step
 # Families whose steps with prompt chunks also go through a compiled graph here (10-20 s a graph): the plain case,
-# a sliding window with soft-capping, attention sinks, MLA's value head size, and learned positions.
-PROMPT_GRAPH_FAMILIES = ["llama", "gemma2", "gpt_oss", "deepseek_v3", "opt", "gemma4"]
+# a sliding window with soft-capping, attention sinks, MLA's value head size, learned positions, and GPTQ weights.
+PROMPT_GRAPH_FAMILIES = ["llama", "gemma2", "gpt_oss", "deepseek_v3", "opt", "gemma4", "llama_gptq"]
 
 
 def _prompts() -> list[list[int]]:

@@ -99,21 +99,6 @@ def test_a_folder_without_a_model_is_a_clear_error(tmp_path) -> None:
         load_model(ModelSettings(name_or_path=str(tmp_path)))
 
 
-def test_gptq_without_its_backend_says_what_to_install(tiny_model_dirs, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader, "is_gptqmodel_available", lambda: False)
-    with pytest.raises(ModelLoadError) as caught:
-        load_model(ModelSettings(name_or_path=str(tiny_model_dirs["llama"]), use_gptq=True))
-    assert "gptqmodel" in str(caught.value)
-    assert "requirements-gptq.txt" in str(caught.value)
-
-
-def test_gptq_without_a_gpu_says_so(tiny_model_dirs, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader, "is_gptqmodel_available", lambda: True)
-    monkeypatch.setattr(loader, "is_optimum_available", lambda: True)
-    with pytest.raises(ModelLoadError, match="needs a CUDA GPU"):
-        load_model(ModelSettings(name_or_path=str(tiny_model_dirs["llama"]), device="cpu", use_gptq=True))
-
-
 # --- a local folder that is not a model ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("content", "problem"),

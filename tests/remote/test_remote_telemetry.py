@@ -42,12 +42,14 @@ def test_vllm_0_32_reads_its_full_batch_its_queue_kv_use_and_preemptions() -> No
     telemetry = parse_metrics(_read("vllm-0.32-cpu-this-machine.prom"))
     assert (telemetry.engine, telemetry.running, telemetry.waiting, telemetry.preemptions) == ("vLLM", 4.0, 2.0, 0.0)
     assert telemetry.cache_usage == pytest.approx(0.0014657383657017409)
+    assert telemetry.finished == 1.0  # request_success_total over its finish reasons: the warm-up request
 
 
-def test_sglang_reads_running_queue_and_token_usage_from_its_documented_sample() -> None:
+def test_sglang_reads_running_queue_token_usage_and_requests_done_from_its_documented_sample() -> None:
     # sgl-project/sglang docs/references/production_metrics.md @ 00b08c497f0735678e084ae5e3dd88ca06b46627
     telemetry = parse_metrics(_read("sglang-docs-production-metrics.prom"))
-    assert telemetry == Telemetry("SGLang", running=162.0, waiting=2826.0, cache_usage=0.28, preemptions=None)
+    expected = Telemetry("SGLang", running=162.0, waiting=2826.0, cache_usage=0.28, preemptions=None, finished=11228.0)
+    assert telemetry == expected  # finished: its end-to-end latency histogram's count
 
 
 def test_tgi_names_give_batch_and_queue_and_no_cache_figure() -> None:
@@ -80,6 +82,7 @@ def test_our_own_metrics_page_reads_as_batchscope() -> None:
     metrics = ApiMetrics(lambda: BatcherLoad(running=3, waiting=5, slots=8, kv_tokens=256, kv_capacity=1024))
     telemetry = parse_metrics(generate_latest(metrics.registry).decode())
     assert telemetry == Telemetry("Batchscope", running=3.0, waiting=5.0, cache_usage=0.25, preemptions=0.0)
+    assert telemetry.finished is None  # the finish reason's label has no sample before a first request
 
 
 def test_our_kv_figures_are_blocks_in_use_and_counters_moved_by_each_steps_running_totals() -> None:

@@ -31,8 +31,9 @@ def test_rates_are_parsed_sorted_and_deduplicated() -> None:
 
 
 def test_auto_rates_span_from_below_the_lower_capacity_to_far_above_the_higher_in_even_log_steps() -> None:
-    rates = auto_rates(static_capacity=8.0, continuous_capacity=20.0)
+    rates = auto_rates(8.0, 20.0)
     assert rates == (3.2, 4.6, 6.5, 9.4, 13.0, 19.0, 27.0, 39.0, 56.0, 80.0)  # 0.4 x 8 to 4 x 20
+    assert auto_rates(20.0, 11.0, 8.0) == rates  # servers' capacities: from the lowest to the highest
     with pytest.raises(ValueError, match="served nothing"):
         auto_rates(float("nan"), 0.0)
 

@@ -381,6 +381,32 @@ def test_the_engine_also_starts_in_a_fresh_interpreter_and_speaks_the_same_proto
             process.kill()
 
 
+def test_a_client_that_imported_gptqmodel_starts_its_engine_fresh_and_it_serves_a_gptq_model(family_model_dirs):
+    """gptqmodel's log writer is a thread a forked child lacks (its first log line would wait forever), so a client
+    that imported it (here the fixture that quantised the GPTQ families) starts a fresh interpreter, as with CUDA."""
+    folder = family_model_dirs["qwen2_gptq"]
+    assert "gptqmodel" in sys.modules
+    settings = ModelSettings(name_or_path=str(folder), device="cpu", dtype="float32")
+    process = EngineProcess(EngineConfig(settings, TokenizerSettings(), EngineSettings(compile_steps=False)))
+    try:
+        with open(f"/proc/{process.pid}/cmdline", "rb") as cmdline:
+            assert b"batching.service" in cmdline.read()
+        ready = process.outputs.recv()
+        assert isinstance(ready, Ready) and ready.info.weights.startswith("4-bit GPTQ, group 64 weights")
+        process.commands.send(Submit(OPTIONS, Request("g/1", [8, 9, 10], RequestParams(6, ignore_eos=True))))
+        events: list = []
+        while not any(isinstance(e, FinishedEvent) for e in events):
+            message = process.outputs.recv()
+            events += message.events if isinstance(message, Outputs) else ()
+        finished = next(e for e in events if isinstance(e, FinishedEvent))
+        assert list(finished.output_ids) == reference(loaded(str(folder)).model, [8, 9, 10], 6, ignore_eos=True)
+        process.commands.send(Shutdown())
+        process.wait(10)
+    finally:
+        if process.exit_code() is None:
+            process.kill()
+
+
 def test_the_engine_answers_while_its_steps_compile_then_says_they_are_compiled(tiny_model_dirs, qwen, tmp_path):
     """The default: an engine starts eager, the first decode steps start the compile in the background, requests
     are answered meanwhile, and the engine says when its steps are compiled; answers stay exact throughout."""

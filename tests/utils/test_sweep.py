@@ -25,6 +25,7 @@ from utils.sweep import (
     readable_frame,
     record_point,
     record_timings,
+    servers_headline,
     sweep_point,
 )
 
@@ -223,6 +224,27 @@ def test_the_headline_when_neither_or_both_always_met_it_says_what_to_change() -
     assert "neither schedule met the target" in neither and "lower rates or a looser target" in neither
     both = headline(Goodput("continuous", 8, 8, 2, 8), Goodput("static", 8, 8, 2, 8), SLO)
     assert "both schedules met the target at every rate swept" in both and "add higher rates" in both
+
+
+def test_servers_side_by_side_are_named_best_first_with_the_winner_and_its_ratio() -> None:
+    found = {"B": Goodput("B", 2.2, 2.0, 0.5, 8.0), "A": Goodput("A", 3.1, 3.0, 0.5, 8.0)}
+    assert servers_headline(found, Slo(1.0, 0.1)) == (
+        "At TTFT p90 ≤ 1 s and TPOT p90 ≤ 100 ms, A sustains 3.1 requests/s, B 2.2 — A the most, 1.4× B."
+    )
+    found["C"] = Goodput("C", None, None, 0.5, 8.0)
+    assert servers_headline(found, SLO).endswith(
+        "A sustains 3.1 requests/s, B 2.2, C met it at no rate swept — A the most, 1.4× B."
+    )
+
+
+def test_the_servers_headline_bounds_a_winner_that_held_everywhere_and_names_none_when_two_did() -> None:
+    held, broke = Goodput("A", 8.0, 8.0, 1.0, 8.0), Goodput("B", 2.0, 2.0, 1.0, 8.0)
+    assert servers_headline({"A": held, "B": broke}, SLO).endswith("A the most, at least 4.0× B.")
+    both = servers_headline({"A": held, "B": Goodput("B", 8.0, 8.0, 1.0, 8.0)}, SLO)
+    assert "A and B both held to the highest rate: add higher rates." in both
+    lone = servers_headline({"B": Goodput("B", None, None, 1.0, 8.0)}, SLO)
+    assert "no server met the target at any rate swept (not even 1 requests/s)" in lone
+    assert servers_headline({"B": broke}, SLO).endswith("B sustains 2 requests/s.")
 
 
 def test_the_frames_hold_every_point_with_derived_figures_and_milliseconds_for_reading() -> None:
