@@ -192,7 +192,7 @@ async def _generate(
     kind: str,
     request: Request,
 ) -> Response:
-    limits = config.limits
+    limits, arrived = config.limits, time.monotonic()
     if body.model is not None and body.model != limits.model_id:
         raise ApiError(400, f"model={body.model!r} is not served here: use {limits.model_id!r}", "model")
 
@@ -213,7 +213,7 @@ async def _generate(
         raise ApiError(503, str(exc), None, "server_error", RETRY_AFTER) from None
     except ValueError as exc:
         raise ApiError(400, str(exc), _param_of(str(exc), kind)) from None
-    reply = _Reply(kind, limits.model_id, stream, gateway, config.request_timeout_s)
+    reply = _Reply(kind, limits.model_id, stream, gateway, config.request_timeout_s, arrived)
     if body.stream:
         options = body.stream_options
         usage = bool(options and options.include_usage), bool(options and options.continuous_usage_stats)
@@ -280,15 +280,21 @@ class Overdue(Exception):
 
 class _Reply:
     """Builds one request's response bodies (whole, or SSE chunks) from its events, stop strings left out; a
-    request past `timeout_s` since it came raises `Overdue`."""
+    request past `timeout_s` since it `arrived` (time.monotonic) raises `Overdue`."""
 
     def __init__(
-        self, kind: str, model_id: str, stream: Stream, gateway: Gateway, timeout_s: float | None = None
+        self,
+        kind: str,
+        model_id: str,
+        stream: Stream,
+        gateway: Gateway,
+        timeout_s: float | None,
+        arrived: float,
     ) -> None:
         self.kind, self.model_id, self.stream, self.gateway = kind, model_id, stream, gateway
         self.params = stream.request.params
         self.timeout_s = timeout_s
-        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.deadline = None if timeout_s is None else arrived + timeout_s
         self.chat = kind == "chat.completion"
         prefix = "chatcmpl" if self.chat else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"

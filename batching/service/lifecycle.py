@@ -56,7 +56,9 @@ logger = logging.getLogger(__name__)
 
 DEATH_CHECK_S = 0.5
 WATCH_EVERY_S = 0.1
-FIRST_WORD_S = 120.0  # a starting engine's first message (a fresh interpreter imports torch first)
+# A starting engine may be silent longer: a fresh interpreter imports torch before its heartbeat starts, and a
+# model's load or a graph's build can hold the interpreter lock for seconds at a time.
+START_SILENCE_S = 120.0
 SIGNALLED_GRACE_S = 0.5
 
 Routed = Outputs | RunEnded | LaneOutputs | RaceEnded
@@ -128,6 +130,7 @@ class EngineLifecycle:
         self._recent: deque[float] = deque()  # when the latest restarts began (time.monotonic)
         self._heard = self._progressed = time.monotonic()  # the latest message, and the latest new round
         self._rounds = 0
+        self._finalizer: weakref.finalize | None = None
         self.info: EngineInfo = self._start()
         threading.Thread(target=self._watch, name="batchscope-watchdog", daemon=True).start()
 
@@ -168,7 +171,9 @@ class EngineLifecycle:
                 self.restarts += 1
                 self.restart_causes[restart] += 1
             self.state = EngineState.RUNNING
-        weakref.finalize(self, _shut_down, process, self._writer, self.stopping)
+        if self._finalizer is not None:  # the last process is gone
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shut_down, process, self._writer, self.stopping)
         threading.Thread(
             target=self._receive, args=(process, self._generation), name="batchscope-receiver", daemon=True
         ).start()
@@ -177,15 +182,14 @@ class EngineLifecycle:
 
     def _first_answer(self, process: EngineProcess) -> Ready | LoadFailed:
         """`Ready` or `LoadFailed`, logging the start's progress lines; a start that dies or falls silent (no
-        heartbeat for `heartbeat_timeout_s`) is a RuntimeError."""
-        silence = FIRST_WORD_S
+        heartbeat for `START_SILENCE_S`) is a RuntimeError."""
+        silence = max(START_SILENCE_S, self.config.engine.heartbeat_timeout_s)
         try:
             while True:
                 if not process.outputs.poll(silence):
                     process.kill()
                     raise RuntimeError(f"the engine process went silent for {silence:.0f} s while starting")
                 message = process.outputs.recv()
-                silence = self.config.engine.heartbeat_timeout_s
                 if isinstance(message, Progress):
                     logger.info("%s", message.line)
                 elif isinstance(message, Ready | LoadFailed):
@@ -240,6 +244,8 @@ class EngineLifecycle:
 
     def dead_message(self) -> str:
         cause = self.last_error or "not running"
+        if self.state is EngineState.STOPPED:
+            return "the engine was stopped (its client closed it)"
         if self.state is EngineState.GAVE_UP:
             config = self.config.engine
             return (
