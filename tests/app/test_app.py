@@ -74,7 +74,8 @@ def queue_rows(at: AppTest) -> list[tuple[str, int]]:
 
 
 def errors(at: AppTest) -> list[str]:
-    return [element.value for element in at.error]
+    """The error boxes' text as the page shows it (the Markdown escapes that keep typed text literal, undone)."""
+    return [re.sub(r"\\(.)", r"\1", element.value) for element in at.error]
 
 
 def edit_table(at: AppTest, edited: dict | None = None, deleted: list[int] | None = None) -> None:
