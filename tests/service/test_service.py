@@ -74,6 +74,14 @@ def wait_for(condition, seconds: float = 10.0) -> bool:
     return met
 
 
+def ready_of(process: EngineProcess) -> Ready:
+    """The engine process's `Ready`, past the heartbeats it sends from the start."""
+    while isinstance(message := process.outputs.recv(), Heartbeat):
+        pass
+    assert isinstance(message, Ready), message
+    return message
+
+
 def assert_engine_empty(client: EngineClient) -> None:
     """Nothing in flight, and every shared batcher closed for idleness (the engine closes only batchers without
     work: nothing waiting, running or held)."""
@@ -363,9 +371,8 @@ def test_the_engine_also_starts_in_a_fresh_interpreter_and_speaks_the_same_proto
     config = EngineConfig(settings, TokenizerSettings(), EngineSettings(compile_steps=False))
     process = EngineProcess(config, fresh=True)
     try:
-        while isinstance(ready := process.outputs.recv(), Heartbeat):
-            pass
-        assert isinstance(ready, Ready) and ready.info.pid == process.pid != os.getpid()
+        ready = ready_of(process)
+        assert ready.info.pid == process.pid != os.getpid()
         process.commands.send(Submit(OPTIONS, Request("t/1", [8, 9], RequestParams(6, ignore_eos=True))))
         events: list = []
         while not any(isinstance(e, FinishedEvent) for e in events):
@@ -391,9 +398,8 @@ def test_a_client_that_imported_gptqmodel_starts_its_engine_fresh_and_it_serves_
     try:
         with open(f"/proc/{process.pid}/cmdline", "rb") as cmdline:
             assert b"batching.service" in cmdline.read()
-        while isinstance(ready := process.outputs.recv(), Heartbeat):
-            pass
-        assert isinstance(ready, Ready) and ready.info.weights.startswith("4-bit GPTQ, group 64 weights")
+        ready = ready_of(process)
+        assert ready.info.weights.startswith("4-bit GPTQ, group 64 weights")
         process.commands.send(Submit(OPTIONS, Request("g/1", [8, 9, 10], RequestParams(6, ignore_eos=True))))
         events: list = []
         while not any(isinstance(e, FinishedEvent) for e in events):
