@@ -74,7 +74,8 @@ def queue_rows(at: AppTest) -> list[tuple[str, int]]:
 
 
 def errors(at: AppTest) -> list[str]:
-    return [element.value for element in at.error]
+    """Each error as the page shows it: Markdown's escapes undone (what a person typed is escaped, to show as text)."""
+    return [re.sub(r"\\(.)", r"\1", element.value) for element in at.error]
 
 
 def edit_table(at: AppTest, edited: dict | None = None, deleted: list[int] | None = None) -> None:
