@@ -74,7 +74,7 @@ def queue_rows(at: AppTest) -> list[tuple[str, int]]:
 
 
 def errors(at: AppTest) -> list[str]:
-    """Each error as the page shows it: Markdown's escapes undone (what a person typed is escaped, to show as text)."""
+    """The error boxes' text as the page shows it (the Markdown escapes that keep typed text literal, undone)."""
     return [re.sub(r"\\(.)", r"\1", element.value) for element in at.error]
 
 
