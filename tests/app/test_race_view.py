@@ -104,7 +104,7 @@ def test_a_stopped_race_is_not_fit_for_a_speedup_and_an_engine_failure_ends_it_w
 
     class DeadEngine:
         def poll(self, timeout: float = 0.0) -> list:
-            raise RuntimeError("the engine stopped (killed); reload the page to restart it")
+            raise RuntimeError("the engine stopped (killed); it is being restarted: try again in a moment")
 
     failed, _ = start(tiny)
     assert RaceStream(failed, DeadEngine()).tick().done
