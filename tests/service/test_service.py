@@ -396,9 +396,10 @@ def test_a_client_that_imported_gptqmodel_starts_its_engine_fresh_and_it_serves_
     settings = ModelSettings(name_or_path=str(folder), device="cpu", dtype="float32")
     process = EngineProcess(EngineConfig(settings, TokenizerSettings(), EngineSettings(compile_steps=False)))
     try:
+        ready = ready_of(process)
+        # Read once it is ready: between fork and exec a child's command line reads empty.
         with open(f"/proc/{process.pid}/cmdline", "rb") as cmdline:
             assert b"batching.service" in cmdline.read()
-        ready = ready_of(process)
         assert ready.info.weights.startswith("4-bit GPTQ, group 64 weights")
         process.commands.send(Submit(OPTIONS, Request("g/1", [8, 9, 10], RequestParams(6, ignore_eos=True))))
         events: list = []
