@@ -14,7 +14,7 @@ WORKDIR /app
 COPY requirements.txt requirements-gptq.txt ./
 # Same install as the README; the CUDA variant takes torch from PyTorch's CUDA index first.
 # g++: torch.compile builds the compiled decode steps' kernels with it (without it they stay eager, and the page
-# says so). libtcmalloc-minimal4: `python -m batching.serve` and the benchmark run on TCMalloc (utils/allocator.py).
+# says so). libtcmalloc-minimal4: `python -m batching.serve` and the benchmark run on TCMalloc (batching/allocator.py).
 RUN apt-get update && apt-get install -y --no-install-recommends g++ libtcmalloc-minimal4 && rm -rf /var/lib/apt/lists/*
 RUN if [ "$TORCH_VARIANT" = "cuda" ]; then \
         pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128; \

@@ -16,7 +16,7 @@ from batching.engine.batcher import MODES
 from batching.engine.events import Event, FinishedEvent
 from batching.engine.params import RequestParams, SamplingParams
 from batching.runs import RunRecord
-from utils.metrics import steps_kind
+from utils.metrics.run import steps_kind
 
 
 @dataclass

@@ -14,8 +14,8 @@ from app.baton import Baton, Follower
 from app.sweep_view import Tick
 from batching.bench.sweep_remote import RemoteSweep
 from batching.sweep import SweepSpec
-from utils.sweep import Slo, SweepPoint, goodputs, servers_headline
-from utils.sweep_servers import ServerPoint
+from utils.metrics.sweep import Slo, SweepPoint, goodputs, servers_headline
+from utils.metrics.sweep_servers import ServerPoint
 
 
 class LiveServerSweep:

@@ -20,8 +20,8 @@ from batching.engine.events import FinishedEvent
 from batching.race import LaneStep
 from batching.runs import RunRecord
 from batching.sweep import SweepSpec, auto_rates, capacity, format_rates
-from utils.metrics import steps_kind
-from utils.sweep import Slo, SweepPoint, goodputs, headline, record_point
+from utils.metrics.run import steps_kind
+from utils.metrics.sweep import Slo, SweepPoint, goodputs, headline, record_point
 
 
 class SweepRace(Protocol):

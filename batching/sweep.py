@@ -3,7 +3,7 @@
 At each rate the mix's requests arrive on the same seeded Poisson schedule (`Schedule.poisson`: the seed fixes the
 exponential draws, so a higher rate is the same arrivals closer together) on a continuous and a static lane, each
 on a clock that counts only its own steps and jumps idle gaps (`batching.race`). What each lane recorded is the
-sweep's data; `utils.sweep` turns it into latency percentiles, SLO attainment, goodput and knees.
+sweep's data; `utils.metrics.sweep` turns it into latency percentiles, SLO attainment, goodput and knees.
 
 Where a step's work all runs on the stepping thread (a CPU model on one torch thread), the lanes' clocks count that
 thread's CPU time (`batching.runs.CPU`): a sweep lasts minutes, and on a machine shared with other jobs wall time

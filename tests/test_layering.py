@@ -67,6 +67,8 @@ def _unit(module: str) -> str:
             return unit
     if module in ("batching.arrivals", "batching.runs", "batching.race", "batching.sweep"):
         return "batching.runs"
+    if module.startswith("utils."):  # a sub-package (metrics, charts) or a module of its own (export, plain_text)
+        return ".".join(module.split(".")[:2])
     return module.split(".")[0]
 
 
@@ -74,11 +76,16 @@ def _is_page(module: str) -> bool:
     return module.split(".")[0] in PAGE
 
 
-def _streamlit_imports(path: Path) -> set[str]:
+def _imported_modules(path: Path, package: str) -> set[str]:
+    """The modules of `package` (a third party's) that `path` imports, at any depth of the file."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    return {name for name in imported if name.split(".")[0] == "streamlit"}
+    return {name for name in imported if name.split(".")[0] == package}
+
+
+def _streamlit_imports(path: Path) -> set[str]:
+    return _imported_modules(path, "streamlit")
 
 
 def test_the_layering_test_sees_the_project() -> None:
@@ -118,9 +125,15 @@ def test_nothing_below_the_page_imports_it_or_streamlit() -> None:
         assert not _streamlit_imports(path), f"{module} imports streamlit"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) == "utils"))
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m).startswith("utils")))
 def test_utils_never_imports_the_page(module: str) -> None:
     assert not {imp for imp in GRAPH[module] if _is_page(imp)}, f"{module} imports the page"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) in ("utils.metrics", "utils.export")))
+def test_the_metrics_and_the_export_draw_nothing(module: str) -> None:
+    """Frames and figures are computed in `utils.metrics`; only `utils.charts` turns them into altair charts."""
+    assert not _imported_modules(MODULES[module], "altair"), f"{module} imports altair"
 
 
 @pytest.mark.parametrize("module", PAGE_MODELS)
@@ -149,7 +162,11 @@ ORDER = [
     "batching.engine",
     "batching.runs",
     "batching.remote",
-    "utils",
+    "utils.log_setup",
+    "utils.plain_text",
+    "utils.metrics",
+    "utils.charts",
+    "utils.export",
     "batching.service",
     "batching.serve",
     "batching.bench",

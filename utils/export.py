@@ -9,9 +9,10 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from batching.runs import RunRecord
 from model.prompting import extract_answer
-from utils.inspector import WasteMeters, waste_meters
-from utils.metrics import RunRecord, RunSummary, requests_frame, steps_frame, summarize
+from utils.metrics.inspector import WasteMeters, waste_meters
+from utils.metrics.run import RunSummary, requests_frame, steps_frame, summarize
 
 # (row label, RunSummary attribute, how to show it)
 _FIGURES = (

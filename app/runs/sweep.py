@@ -20,7 +20,7 @@ from batching.engine.params import RequestParams
 from batching.remote import WARM_UP_QUESTION, Endpoint, RemoteError, endpoint_from_settings
 from batching.service.handles import Item
 from batching.sweep import SweepSpec, format_rates
-from utils.sweep import Slo
+from utils.metrics.sweep import Slo
 
 KEY = "sweep_run"
 QUEUE = "the queue"  # the prompt mix taken from this tab's queue, not a workload

@@ -13,13 +13,13 @@ from streamlit.delta_generator import DeltaGenerator
 from app.live_run import LiveRun
 from app.race_view import RaceRun
 from batching.remote import MODES, SAMPLE_EVERY_S, Mode, RemoteRun
-from utils import charts
-from utils.charts import Owns
-from utils.metrics import RunRecord
-from utils.telemetry_charts import CAPTION as TELEMETRY_CAPTION
-from utils.telemetry_charts import reported_line, telemetry_chart, telemetry_frame
-from utils.wait_charts import CAPTIONS as WAIT_CAPTIONS
-from utils.wait_charts import interference_chart, interference_frame, wait_strip_chart, wait_strip_frame
+from batching.runs import RunRecord
+from utils.charts import run as run_charts
+from utils.charts.run import Owns
+from utils.charts.telemetry import CAPTION as TELEMETRY_CAPTION
+from utils.charts.telemetry import reported_line, telemetry_chart, telemetry_frame
+from utils.charts.waits import CAPTIONS as WAIT_CAPTIONS
+from utils.charts.waits import interference_chart, interference_frame, wait_strip_chart, wait_strip_frame
 
 CHARTS = ("occupancy", "latency", "timeline")
 CONTINUOUS_LIVE = "Live: your run on the shared engine, drawn as it happens."
@@ -43,7 +43,7 @@ REMOTE_CAPTIONS = {
         f"Requests this page had in flight, sampled every {SAMPLE_EVERY_S:g} s; the dashed line is N. Amber: answers "
         "already finished but still holding their place in a static wave."
     ),
-    "latency": charts.CAPTIONS["latency"],
+    "latency": run_charts.CAPTIONS["latency"],
     "timeline": "One row per client lane (a request in flight), one bar per request holding it.",
     "server": TELEMETRY_CAPTION,
 }
@@ -83,7 +83,7 @@ def chart_layout(
 def engine_layout(notes: tuple[str, str] = (CONTINUOUS_LIVE, STATIC_LATER)) -> ChartLayout:
     """Section 3 for the built-in engine: occupancy, latency and the slot timeline."""
     captions = {
-        name: (charts.CAPTIONS[name], charts.CAPTIONS["occupancy_static" if name == "occupancy" else name])
+        name: (run_charts.CAPTIONS[name], run_charts.CAPTIONS["occupancy_static" if name == "occupancy" else name])
         for name in CHARTS
     }
     captions.update({name: (caption, caption) for name, caption in WAIT_CAPTIONS.items()})
@@ -114,15 +114,17 @@ def draw_charts(
     and the inter-token gaps (a cell per request and step) once the run is over, so the page's redraws during a run
     stay as light as before."""
     x_max = x_max or {}
-    occupancy = charts.occupancy_chart(charts.occupancy_frame(record, owns), run.slots, x_max=x_max.get("steps"))
+    occupancy = run_charts.occupancy_chart(
+        run_charts.occupancy_frame(record, owns), run.slots, x_max=x_max.get("steps")
+    )
     labels = run.labels()
-    timeline = charts.timeline_frame(record, labels, owns)
+    timeline = run_charts.timeline_frame(record, labels, owns)
     layout.slots["occupancy"][column].altair_chart(occupancy, width="stretch")
     layout.slots["latency"][column].altair_chart(
-        charts.latency_chart(charts.latency_bars_frame(latency), x_max=x_max.get("seconds")), width="stretch"
+        run_charts.latency_chart(run_charts.latency_bars_frame(latency), x_max=x_max.get("seconds")), width="stretch"
     )
     layout.slots["timeline"][column].altair_chart(
-        charts.timeline_chart(timeline, run.slots, x_max=x_max.get("seconds")), width="stretch"
+        run_charts.timeline_chart(timeline, run.slots, x_max=x_max.get("seconds")), width="stretch"
     )
     if not run.done:
         for name in ("waiting", "interference"):
@@ -156,7 +158,7 @@ def comparison_charts(run: LiveRun, compare: bool, layout: ChartLayout) -> dict[
         layout.notes[0].caption(CONTINUOUS_REPLAYED)
         labels = run.labels()
         for column, mode in enumerate(MODES):
-            draw_charts(layout, run, runs[mode], column, charts.latency_frame(runs[mode], labels), None, shared)
+            draw_charts(layout, run, runs[mode], column, run_charts.latency_frame(runs[mode], labels), None, shared)
     return runs
 
 
@@ -174,8 +176,8 @@ def draw_remote(
 ) -> None:
     """One remote run's client charts (the built-in engine's own builders) and the server's telemetry."""
     record, lanes = remote.record, remote.setup.lanes
-    occupancy = charts.occupancy_chart(
-        charts.occupancy_frame(record),
+    occupancy = run_charts.occupancy_chart(
+        run_charts.occupancy_frame(record),
         lanes,
         title="Requests in flight from this page",
         x_max=x_max.get("steps"),
@@ -183,11 +185,11 @@ def draw_remote(
     )
     layout.slots["occupancy"][column].altair_chart(occupancy, width="stretch")
     layout.slots["latency"][column].altair_chart(
-        charts.latency_chart(charts.latency_bars_frame(latency), x_max=x_max.get("seconds")), width="stretch"
+        run_charts.latency_chart(run_charts.latency_bars_frame(latency), x_max=x_max.get("seconds")), width="stretch"
     )
-    timeline = charts.timeline_frame(record, labels)
+    timeline = run_charts.timeline_frame(record, labels)
     layout.slots["timeline"][column].altair_chart(
-        charts.timeline_chart(timeline, lanes, title="Client lanes", x_max=x_max.get("seconds")), width="stretch"
+        run_charts.timeline_chart(timeline, lanes, title="Client lanes", x_max=x_max.get("seconds")), width="stretch"
     )
     samples = remote.telemetry()
     server = layout.slots["server"][column].container()
@@ -215,7 +217,7 @@ def remote_comparison_charts(
     shared = {"seconds": max(walls, default=None), "steps": max(len(remote.record.steps) for remote in runs.values())}
     for column, mode in enumerate(MODES):
         if mode in runs:
-            latency = charts.latency_frame(runs[mode].record, labels)
+            latency = run_charts.latency_frame(runs[mode].record, labels)
             draw_remote(layout, column, runs[mode], latency, labels, shared)
         else:
             layout.slots["occupancy"][column].info(SWITCHED_OFF if not compare else NO_COMPARISON)

@@ -7,9 +7,9 @@ import streamlit as st
 
 from app.live_run import LiveRun
 from batching.remote import RemoteRun
+from batching.runs import RunRecord
 from utils import export
-from utils.metrics import RunRecord
-from utils.telemetry_charts import telemetry_table
+from utils.charts.telemetry import telemetry_table
 
 
 def export_section(runs: dict[str, RunRecord], run: LiveRun, setup: dict) -> None:

@@ -11,8 +11,8 @@ from streamlit.delta_generator import DeltaGenerator
 
 from batching.remote import TelemetryPoller
 from batching.remote.window import load_shares, window_figures
+from utils.charts.telemetry import cache_chart, reported_line, telemetry_chart, telemetry_frame
 from utils.plain_text import escape_markdown
-from utils.telemetry_charts import cache_chart, reported_line, telemetry_chart, telemetry_frame
 
 PER_ROW = 3
 FLEET_NOTE = (

@@ -9,10 +9,10 @@ import streamlit as st
 
 from batching.engine.batcher import MODES
 from batching.engine.events import StepEvent
-from utils.inspector import WasteMeters, grid_frame, packed_tokens, step_rows_frame, step_waiting_frame
-from utils.inspector_charts import GRID_CAPTION, MASK_CAPTION, mask_chart, packed_sequence_html, token_grid_chart
-from utils.inspector_mask import mask_frame, padded_rectangle, window_name
-from utils.metrics import RunRecord
+from batching.runs import RunRecord
+from utils.charts.inspector import GRID_CAPTION, MASK_CAPTION, mask_chart, packed_sequence_html, token_grid_chart
+from utils.metrics.attention_mask import mask_frame, padded_rectangle, window_name
+from utils.metrics.inspector import WasteMeters, grid_frame, packed_tokens, step_rows_frame, step_waiting_frame
 
 Decode = Callable[[Sequence[int]], str]
 RUN_NAMES = {"continuous": "continuous (replay)", "static": "static (replay)", "live": "live (shared engine)"}

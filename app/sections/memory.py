@@ -10,8 +10,15 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from app.race_view import RaceRun
-from utils.memory import block_tables_frame, last_memory, memory_numbers, memory_steps_frame, peak_memory, pool_frame
-from utils.memory_charts import POOL_CAPTION, STEPS_CAPTION, memory_steps_chart, pool_chart
+from utils.charts.memory import POOL_CAPTION, STEPS_CAPTION, memory_steps_chart, pool_chart
+from utils.metrics.memory import (
+    block_tables_frame,
+    last_memory,
+    memory_numbers,
+    memory_steps_frame,
+    peak_memory,
+    pool_frame,
+)
 
 HEADER = "KV memory: the block pool"
 TABLES_NOW = "Block tables now (block ids each running request holds, in order):"

@@ -6,9 +6,10 @@ import streamlit as st
 
 from app.race_view import RaceRun
 from batching.remote import RemoteRun
+from batching.runs import RunRecord
 from utils import export
-from utils.inspector import WasteMeters
-from utils.metrics import RunRecord, steps_kind, summarize, wait_reasons_frame
+from utils.metrics.inspector import WasteMeters
+from utils.metrics.run import steps_kind, summarize, wait_reasons_frame
 from utils.plain_text import escape_markdown
 
 RACE_CLOCKS = (

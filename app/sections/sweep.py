@@ -26,9 +26,9 @@ from app.sweep_view import LiveSweep
 from batching.bench.workloads import builtin_workload_names
 from batching.sweep import AUTO, DEFAULT_REQUESTS, MAX_REQUESTS, SweepSpec, parse_rates
 from utils import export
-from utils.sweep import ATTAINMENT_GOAL, Slo, goodputs, knees, points_frame, readable_frame
-from utils.sweep_charts import CAPTIONS, KNEE_COLUMNS, attainment_chart, latency_chart, throughput_chart
-from utils.sweep_servers import CLIENT, METRICS, NOT_REPORTED
+from utils.charts.sweep import CAPTIONS, KNEE_COLUMNS, attainment_chart, latency_chart, throughput_chart
+from utils.metrics.sweep import ATTAINMENT_GOAL, Slo, goodputs, knees, points_frame, readable_frame
+from utils.metrics.sweep_servers import CLIENT, METRICS, NOT_REPORTED
 
 DEFAULT_MIX = "seed-lab"
 DEFAULT_TTFT_MS = 200

@@ -11,9 +11,9 @@ from app.runs.sweep import ServerChoice
 from app.server_sweep_view import LiveServerSweep
 from batching.bench.sweep_remote import named_url
 from batching.remote import RemoteError, parse_url
+from utils.charts.sweep import SERVER_CHARTS, server_chart
+from utils.metrics.sweep_servers import CLIENT, METRICS, SERVER_FIGURES, server_frame, shown, spread_lines
 from utils.plain_text import escape_markdown
-from utils.sweep_charts import SERVER_CHARTS, server_chart
-from utils.sweep_servers import CLIENT, METRICS, SERVER_FIGURES, server_frame, shown, spread_lines
 
 SERVERS_INTRO = (
     "Servers already running, each driven alone (the others get no traffic meanwhile): the same prompts (the mix, "

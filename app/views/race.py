@@ -18,7 +18,7 @@ from app.sections.numbers import numbers_section
 from app.sections.queue import queue_section, run_buttons
 from app.sidebar import kv_memory, scheduler_knobs, slow_motion
 from app.streaming import RaceStream
-from utils.inspector import waste_meters
+from utils.metrics.inspector import waste_meters
 
 frame = current_frame()
 pause_ms = slow_motion(frame.controls)

@@ -17,7 +17,7 @@ from app.sections.numbers import numbers_section
 from app.sections.queue import queue_section, run_buttons
 from app.sidebar import compare_choice
 from app.streaming import RunStream
-from utils.inspector import waste_meters
+from utils.metrics.inspector import waste_meters
 
 frame = current_frame()
 compare = compare_choice(frame.controls)

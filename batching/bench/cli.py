@@ -52,6 +52,7 @@ from batching.bench.workloads import (
     load_workload,
     random_workload,
 )
+from batching.command_line import OneLineParser, first_below_one, first_missing_folder
 from batching.engine import cuda_graphs
 from batching.engine.batcher import MODES as BATCHER_MODES
 from batching.engine.batcher import Batcher, eos_token_ids
@@ -67,7 +68,6 @@ from batching.runs import ScheduledRun
 from config.settings import Settings, SettingsError, load_settings, setting_warnings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
-from utils.cli import OneLineParser, first_below_one, first_missing_folder
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 

@@ -25,11 +25,11 @@ import transformers
 
 from batching.bench.cli import BAD_INPUT, build_parser, check_flags, load, make_plan, median_run, run_all
 from batching.bench.report import _fmt, mode_report
+from batching.command_line import text_table
 from batching.engine.geometry import PoolGeometry
 from batching.engine.options import BatcherOptions
 from config.settings import load_settings
 from model.loader import LoadedModel
-from utils.cli import text_table
 from utils.export import json_safe
 from utils.log_setup import configure_logging
 

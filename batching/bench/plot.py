@@ -1,6 +1,6 @@
 """The benchmark's PNG: per mode, batch occupancy per step beside the latency of each request, and the token grid.
 
-The charts are the page's own (`utils.charts`), so the file shows what the app shows; vl-convert renders offline.
+The charts are the page's own (`utils.charts.run`), so the file shows what the app shows; vl-convert renders offline.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import altair as alt
 import pandas as pd
 
 from batching.runs import RunRecord
-from utils.charts import latency_bars_frame, latency_chart, occupancy_chart, occupancy_frame
-from utils.charts import latency_frame as charts_latency_frame
-from utils.inspector import grid_frame
-from utils.inspector_charts import token_grid_chart
+from utils.charts.inspector import token_grid_chart
+from utils.charts.run import latency_bars_frame, latency_chart, occupancy_chart, occupancy_frame
+from utils.charts.run import latency_frame as charts_latency_frame
+from utils.metrics.inspector import grid_frame
 
 
 def latency_frame(run: RunRecord) -> pd.DataFrame:

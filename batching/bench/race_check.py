@@ -24,6 +24,7 @@ import transformers
 from batching.arrivals import Schedule
 from batching.bench.cli import benchmark, build_parser
 from batching.bench.workloads import load_workload
+from batching.command_line import first_below_one
 from batching.engine.batcher import MODES
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
@@ -34,9 +35,8 @@ from batching.service.client import engine_options
 from batching.service.messages import RaceEnded
 from config.settings import Settings, load_settings
 from model.prompting import format_prompt
-from utils.cli import first_below_one
 from utils.log_setup import configure_logging
-from utils.metrics import steps_kind
+from utils.metrics.run import steps_kind
 
 RACE_TIMEOUT_S = 600.0
 
@@ -58,7 +58,7 @@ def bench_speedup(workload: str, repeat: int, options: BatcherOptions) -> float:
 
 @dataclass(frozen=True)
 class RaceResult:
-    """One race: each lane's wall time on its own clock, and how its steps ran (`utils.metrics.steps_kind`)."""
+    """One race: each lane's wall time on its own clock, and how its steps ran (`utils.metrics.run.steps_kind`)."""
 
     walls: dict[str, float]
     kinds: dict[str, str]

@@ -12,14 +12,14 @@ from pathlib import Path
 import torch
 import transformers
 
+from batching.allocator import allocator_state
 from batching.bench.plan import ModeRun, Plan
+from batching.command_line import text_table
 from batching.engine import huge_pages_state
 from batching.engine.events import StepEvent
 from batching.engine.omp_wait import wait_policy_state
 from model.loader import LoadedModel
-from utils.allocator import allocator_state
-from utils.cli import text_table
-from utils.metrics import percentile, summarize
+from utils.metrics.run import percentile, summarize
 
 # The admission order of the modes that do not take ours (static waves go in arrival order).
 PEER_POLICIES = {"static": "fcfs", "hf": "fifo", "llamacpp": "fifo", "vllm": "fcfs"}

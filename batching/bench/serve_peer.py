@@ -41,8 +41,8 @@ from batching.bench.vllm_server import (
     server_command,
     vllm_version,
 )
+from batching.command_line import OneLineParser, text_table
 from config.settings import SettingsError, load_settings
-from utils.cli import OneLineParser, text_table
 
 SERVERS = ("batchscope", "transformers", "vllm")
 PAGE_SIZE = 256  # transformers' continuous-batching page (KV block) size, in tokens

@@ -30,7 +30,7 @@ from batching.bench.sweep_client import request_body, run_remote_rate
 from batching.bench.workloads import load_workload, random_workload
 from config.settings import load_settings
 from model.prompting import format_prompt
-from utils.sweep import RequestTiming
+from utils.metrics.sweep import RequestTiming
 
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 3600.0  # a cold start makes every graph before it listens

@@ -51,6 +51,7 @@ from batching.bench.workloads import (
     load_workload,
     random_workload,
 )
+from batching.command_line import OneLineParser, first_below_one, first_missing_folder, text_table
 from batching.engine.batcher import MODES, Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent
 from batching.engine.geometry import PoolGeometry
@@ -65,11 +66,11 @@ from batching.sweep import AUTO, DEFAULT_REQUESTS, SweepSpec, auto_rates, capaci
 from config.settings import SettingsError, load_settings
 from model.loader import LoadedModel, ModelLoadError, load_model
 from model.prompting import format_prompt
-from utils.cli import OneLineParser, first_below_one, first_missing_folder, text_table
+from utils.charts.sweep import KNEE_COLUMNS, sweep_chart
 from utils.export import json_safe
 from utils.log_setup import configure_logging
-from utils.metrics import steps_kind
-from utils.sweep import (
+from utils.metrics.run import steps_kind
+from utils.metrics.sweep import (
     Goodput,
     Slo,
     SweepPoint,
@@ -82,8 +83,7 @@ from utils.sweep import (
     servers_headline,
     sweep_point,
 )
-from utils.sweep_charts import KNEE_COLUMNS, sweep_chart
-from utils.sweep_servers import (
+from utils.metrics.sweep_servers import (
     CLIENT,
     METRICS,
     NOT_REPORTED,

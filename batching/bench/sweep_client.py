@@ -25,7 +25,7 @@ from typing import Any
 import httpx2
 
 from batching.arrivals import ArrivalDriver, Schedule
-from utils.sweep import RequestTiming
+from utils.metrics.sweep import RequestTiming
 
 REQUEST_TIMEOUT_S = 600.0
 

@@ -31,8 +31,8 @@ from batching.remote.poller import POLL_EVERY_S
 from batching.remote.warmup import WARM_UP_QUESTION, warm_up
 from batching.remote.window import TelemetryWindow
 from batching.sweep import AUTO_POINTS, SweepSpec, auto_rates, format_rates
-from utils.sweep import RequestTiming, Slo, SweepPoint, sweep_point
-from utils.sweep_servers import ServerPoint
+from utils.metrics.sweep import RequestTiming, Slo, SweepPoint, sweep_point
+from utils.metrics.sweep_servers import ServerPoint
 
 FLEET = "fleet"
 

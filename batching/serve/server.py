@@ -17,6 +17,8 @@ from types import FrameType
 import uvicorn
 from transformers import GenerationConfig
 
+from batching.allocator import allocator_state
+from batching.command_line import OneLineParser
 from batching.engine.events import FinishedEvent
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
@@ -27,8 +29,6 @@ from batching.serve.schemas import SamplingDefaults, ServedLimits
 from batching.service import EngineClient, EngineConfig, engine_options
 from config.settings import ModelSettings, Settings, SettingsError, load_settings, setting_warnings
 from model.loader import ModelLoadError, resolve_source
-from utils.allocator import allocator_state
-from utils.cli import OneLineParser
 from utils.log_setup import configure_logging
 
 logger = logging.getLogger(__name__)

@@ -29,9 +29,10 @@ from model.loader import BUILTIN_4BIT_NAME, load_model
 from model.prompting import extract_answer, format_prompt
 from tests.engine.helpers import reference
 from tests.helpers import KEEP_EAGER, ROOT
-from utils import charts, export
-from utils.inspector_mask import padded_rectangle
-from utils.metrics import summarize
+from utils import export
+from utils.charts import run as run_charts
+from utils.metrics.attention_mask import padded_rectangle
+from utils.metrics.run import summarize
 from utils.plain_text import card_heading_html
 
 APP = str(ROOT / "streamlit_app.py")
@@ -372,8 +373,8 @@ def test_occupancy_never_exceeds_the_slots_and_static_shows_idle_slots(finished_
         assert bars.groupby("step")["slots_used"].sum().max() <= 2
         assert chart["spec"]["layer"][0]["encoding"]["y"]["scale"]["domain"] == [0, 2]
     continuous, static = (chart["data"].dropna(subset=["who"]) for chart in occupancy)
-    assert set(continuous["who"]) == {charts.YOURS}
-    assert (static["who"] == charts.HELD).any()
+    assert set(continuous["who"]) == {run_charts.YOURS}
+    assert (static["who"] == run_charts.HELD).any()
     replays = shared_run(finished_app).replays
     assert continuous["step"].nunique() == len(replays["continuous"].steps)
     assert static["step"].nunique() == len(replays["static"].steps)
@@ -388,7 +389,7 @@ def test_latency_and_slot_timeline_charts_show_every_request(finished_app: AppTe
     continuous, static = found["Slot timeline"]
     assert set(continuous["data"]["label"].dropna()) == labels
     assert set(continuous["data"]["slot"].dropna()) <= {1, 2}
-    assert (static["data"]["who"] == charts.HELD).any()
+    assert (static["data"]["who"] == run_charts.HELD).any()
 
 
 def test_comparison_figures_agree_with_the_events(finished_app: AppTest) -> None:
@@ -450,7 +451,7 @@ def test_other_users_requests_on_the_shared_engine_show_in_the_live_run(tiny_env
     assert run.others_seen and run.completed
     assert [view.finished.output_tokens for view in run.views] == [2, 4, 4, 4]
     occupancy = charts_by_title(at)["Batch occupancy per step"][0]["data"].dropna(subset=["who"])
-    assert set(occupancy["who"]) == {charts.YOURS, charts.OTHERS}
+    assert set(occupancy["who"]) == {run_charts.YOURS, run_charts.OTHERS}
     assert occupancy.groupby("step")["slots_used"].sum().max() <= 8
     assert any("Other people's requests shared the engine" in c.value for c in at.caption)
 

@@ -13,8 +13,8 @@ from streamlit.testing.v1 import AppTest
 from app.sections.memory import HEADER, TABLES_PEAK
 from batching.engine.events import WaitReason
 from tests.app.test_app import add, generate, open_app, race_run, tiny_env  # noqa: F401 (a fixture)
-from utils.memory import BLOCK_STATES, HOLDING, RESERVED, memory_numbers
-from utils.memory_charts import STEPS_TITLE
+from utils.charts.memory import STEPS_TITLE
+from utils.metrics.memory import BLOCK_STATES, HOLDING, RESERVED, memory_numbers
 
 WAIT_STATES = {reason.value for reason in WaitReason}
 WAIT_TABLE = "why requests waited (request-steps)"

@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 from batching.remote import WARM_UP_TOKENS
 from tests.helpers import KEEP_EAGER, ROOT, free_port
 from tests.serve.helpers import our_server, served
-from utils.metrics import summarize
+from utils.metrics.run import summarize
 from utils.plain_text import escape_markdown
 
 APP = str(ROOT / "streamlit_app.py")

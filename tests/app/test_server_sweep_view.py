@@ -14,7 +14,7 @@ from batching.bench.sweep_remote import RemoteSweep, Target
 from batching.remote import Endpoint
 from batching.sweep import SweepSpec
 from tests.serve.helpers import our_server
-from utils.sweep import Slo
+from utils.metrics.sweep import Slo
 
 PROMPTS = [("Q: How do I track my order?\nA:", 4), ("Q: Hello\nA:", 2), ("Q: Paris?\nA:", 3)]
 

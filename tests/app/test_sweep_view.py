@@ -17,7 +17,7 @@ from batching.service import EngineClient, EngineConfig
 from batching.sweep import SweepSpec, auto_rates, format_rates
 from config.settings import EngineSettings, LimitSettings, ModelSettings, TokenizerSettings
 from tests.engine.helpers import random_prompts
-from utils.sweep import Slo
+from utils.metrics.sweep import Slo
 
 OPTIONS = BatcherOptions(max_batch_size=2, max_batched_tokens=64, step_detail=False)
 CAPS = [3, 9, 2, 7, 4]

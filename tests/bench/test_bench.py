@@ -17,8 +17,9 @@ from batching.bench.report import speedup_figures, step_time_stats
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.request import FinishReason
 from batching.engine.threads import ThreadChoice
+from batching.runs import RunRecord
 from tests.engine.helpers import loaded
-from utils.metrics import RunRecord, percentile
+from utils.metrics.run import percentile
 
 CAPS = [6, 2, 9, 3, 5, 4]
 PROMPTS = ["How do I track my order?", "Hello", "What's your return policy?", "Cats really like", "Paris", "Hi there"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from batching.bench import steady
-from utils.sweep import RequestTiming
+from utils.metrics.sweep import RequestTiming
 
 
 def test_windows_take_the_p50_of_the_requests_arriving_in_each() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from batching.bench.workloads import load_workload
 from tests.browser.helpers import BROWSER_MARKS, IDLE, add_prompt, new_page, use_shared_engine
-from utils.charts import OTHERS  # the occupancy legend's name for other users' requests
+from utils.charts.run import OTHERS  # the occupancy legend's name for other users' requests
 
 pytestmark = BROWSER_MARKS
 

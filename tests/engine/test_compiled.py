@@ -42,7 +42,7 @@ from tests.engine.families import family
 from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals, steps_of
 from tests.helpers import ROOT
 from tests.tiny_models import TINY_CONFIGS, save_tiny_models
-from utils.metrics import steps_kind
+from utils.metrics.run import steps_kind
 
 CAPS = [40, 3, 25, 60, 9, 33]
 

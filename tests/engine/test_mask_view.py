@@ -29,7 +29,7 @@ from batching.engine.params import RequestParams
 from tests.engine.families import FAMILIES, WINDOW
 from tests.engine.helpers import loaded
 from tests.tiny_models import save_tiny_models
-from utils.inspector_mask import mask_frame
+from utils.metrics.attention_mask import mask_frame
 
 # Per forward pass: for each window a layer passed, the allowed cells of every packed row as attention got them.
 Seen = list[dict[Locality, list[torch.Tensor]]]

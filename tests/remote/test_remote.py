@@ -33,8 +33,9 @@ from batching.runs import RunRecord
 from model.prompting import format_prompt
 from tests.helpers import free_port
 from tests.serve.helpers import our_server, served
-from utils import charts, export
-from utils.metrics import summarize
+from utils import export
+from utils.charts import run as run_charts
+from utils.metrics.run import summarize
 
 SYSTEM = "You are a friendly customer-support assistant for an online shop. Answer the customer's question."
 QUESTIONS = [
@@ -181,10 +182,10 @@ def test_remote_runs_feed_the_existing_charts_comparison_and_exports(runs: dict[
     document = json.loads(export.to_json(records, labels, {}, {"engine": "remote"}))
     assert len(document["runs"]["static"]["requests"]) == len(CAPS) and document["speedup"] > 0
     # Occupancy is sampled every 0.1 s: a fast server may answer a whole wave between two samples.
-    occupancy = charts.occupancy_frame(records["static"])
-    assert set(occupancy["who"]) <= {charts.YOURS, charts.HELD}
+    occupancy = run_charts.occupancy_frame(records["static"])
+    assert set(occupancy["who"]) <= {run_charts.YOURS, run_charts.HELD}
     # The client samples what is in flight every 0.1 s: a short answer may start and end between two samples.
-    timeline = charts.timeline_frame(records["continuous"], labels)
+    timeline = run_charts.timeline_frame(records["continuous"], labels)
     assert len(timeline) > 0 and set(timeline["label"]) <= set(labels.values())
 
 

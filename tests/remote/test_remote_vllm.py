@@ -13,7 +13,7 @@ from batching.remote import Endpoint, RemoteRun, fetch_model, parse_url
 from model.prompting import format_prompt
 from tests.bench.vllm_helpers import RunningVllm, our_answers
 from tests.remote.test_remote import QUESTIONS, SYSTEM, run_queue
-from utils.telemetry_charts import RUNNING, WAITING, reported_line, telemetry_frame
+from utils.charts.telemetry import RUNNING, WAITING, reported_line, telemetry_frame
 
 LANES = 6  # more than vLLM's SLOTS (4): two requests wait on the server, and its own figures show it
 # The embedded model ends these at EOS within 16-80 tokens; it goes on to 228 tokens on the first, so eight copies of

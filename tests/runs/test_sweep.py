@@ -19,7 +19,7 @@ from batching.runs import CPU, WALL, LaneClock, RunRecord, StepClock
 from batching.sweep import SweepSpec, auto_rates, capacity, format_rates, parse_rates, run_rate
 from config.settings import ModelSettings
 from model.loader import LoadedModel, load_model
-from utils.sweep import Slo, record_point
+from utils.metrics.sweep import Slo, record_point
 
 CAPS = [2, 12, 3, 10, 2, 14]
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from batching.allocator import find_tcmalloc
 from batching.bench.steady import steps_by_path
 from batching.serve.server import exposure_warning
 from tests.helpers import children_of
 from tests.serve.helpers import our_server
-from utils.allocator import find_tcmalloc
 
 
 def _complete(url: str, prompt: str, max_tokens: int) -> dict:

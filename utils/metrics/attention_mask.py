@@ -17,7 +17,7 @@ from batching.engine.attention import Chunk, Locality
 from batching.engine.events import StepEvent
 from batching.engine.mask_view import CELL_NAMES, StepMask, cell_kinds
 from batching.runs import RunRecord
-from utils.inspector import OTHERS
+from utils.metrics.inspector import OTHERS
 
 MASK_CELL_LIMIT = 20_000  # cells drawn at most; a larger step is drawn at one in `stride` queries and keys
 MASK_COLUMNS = ["query", "key", "kind", "query_token", "key_column"]

@@ -9,7 +9,7 @@ import altair as alt
 import pandas as pd
 
 from batching.engine.mask_view import CELL_NAMES
-from utils.inspector import CELL_KINDS, MARKS, NO_MARK
+from utils.metrics.inspector import CELL_KINDS, MARKS, NO_MARK
 from utils.plain_text import isolated_html
 
 # prefill, decode, held, padding, waiting, idle: the same amber for "held" as the occupancy charts.

@@ -13,8 +13,8 @@ import pandas as pd
 
 from batching.engine.events import RowKind, StepEvent, StepRow
 from batching.runs import RunRecord
-from utils import memory
-from utils.metrics import percentile
+from utils.metrics import memory
+from utils.metrics.run import percentile
 
 IDLE = "idle"
 OTHERS = "other user"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import altair as alt
 
 from batching.engine.events import RowKind, StepEvent, StepRow, TokenEvent, Waiting, WaitReason
-from utils.metrics import WAIT_COLUMNS, RunRecord, steps_frame, summarize, wait_reason_counts, wait_reasons_frame
-from utils.wait_charts import (
+from batching.runs import RunRecord
+from utils.charts.waits import (
     DECODE,
     PROMPT,
     interference_chart,
@@ -14,6 +14,7 @@ from utils.wait_charts import (
     wait_strip_chart,
     wait_strip_frame,
 )
+from utils.metrics.run import WAIT_COLUMNS, steps_frame, summarize, wait_reason_counts, wait_reasons_frame
 
 LABELS = {"a": "#1", "b": "#2", "c": "#3"}
 

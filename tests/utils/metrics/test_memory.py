@@ -14,9 +14,10 @@ from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.runs import RunRecord
 from tests.engine.helpers import loaded
-from utils.inspector import PREFIX_HIT, RECOMPUTED, grid_frame, waste_meters
-from utils.inspector_charts import token_grid_chart
-from utils.memory import (
+from utils.charts.inspector import token_grid_chart
+from utils.charts.memory import memory_steps_chart, pool_chart
+from utils.metrics.inspector import PREFIX_HIT, RECOMPUTED, grid_frame, waste_meters
+from utils.metrics.memory import (
     CACHED,
     FREE,
     HOLDING,
@@ -32,7 +33,6 @@ from utils.memory import (
     pool_frame,
     unused,
 )
-from utils.memory_charts import memory_steps_chart, pool_chart
 
 
 @pytest.fixture(scope="module")

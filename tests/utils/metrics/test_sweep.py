@@ -11,7 +11,7 @@ import pytest
 from batching.engine.events import FinishedEvent, TokenEvent
 from batching.engine.request import FinishReason
 from batching.runs import RunRecord
-from utils.sweep import (
+from utils.metrics.sweep import (
     Goodput,
     RequestTiming,
     Slo,

@@ -14,9 +14,9 @@ from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.runs import RunRecord, ScheduledRun
 from tests.engine.helpers import loaded
-from utils.inspector import IDLE, PADDING, grid_frame, packed_tokens, step_rows_frame, waste_meters
-from utils.inspector_charts import mask_chart, token_grid_chart
-from utils.inspector_mask import mask_frame, padded_rectangle
+from utils.charts.inspector import mask_chart, token_grid_chart
+from utils.metrics.attention_mask import mask_frame, padded_rectangle
+from utils.metrics.inspector import IDLE, PADDING, grid_frame, packed_tokens, step_rows_frame, waste_meters
 
 
 @pytest.fixture(scope="module")

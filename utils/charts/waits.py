@@ -10,8 +10,8 @@ import altair as alt
 import pandas as pd
 
 from batching.engine.events import RowKind, WaitReason
-from utils.charts import HELD, label_key
-from utils.metrics import RunRecord
+from batching.runs import RunRecord
+from utils.charts.run import HELD, label_key
 
 PROMPT = "computing its prompt"
 DECODE = "decoding"

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 import altair as alt
 import pandas as pd
 
-from utils.metrics import RunRecord, requests_frame, slot_timeline_frame
+from batching.runs import RunRecord
+from utils.metrics.run import requests_frame, slot_timeline_frame
 
 YOURS = "your requests"
 OTHERS = "other users' requests"

@@ -4,8 +4,8 @@ tables and the charts' titles), a fleet's spread in words, and each replica its 
 from __future__ import annotations
 
 from batching.remote.window import WindowFigures
-from utils.sweep_charts import series_scale, server_chart, server_scale
-from utils.sweep_servers import ServerPoint, server_frame, shown, source, spread_lines
+from utils.charts.sweep import series_scale, server_chart, server_scale
+from utils.metrics.sweep_servers import ServerPoint, server_frame, shown, source, spread_lines
 
 OURS = WindowFigures("Batchscope", 4, 2.5, 4, 0.5, 2, 0.01, 0.0123, 0, 12)
 TGI = WindowFigures("TGI", 4, 3.0, 5, 1.0, 3)

@@ -1,7 +1,7 @@
 """The load sweep's charts (altair): latency percentiles, throughput and SLO attainment against the request rate, one
 line per series (a schedule, or a server), each curve's knee ringed, the target and the goal drawn as dashed rules.
 
-Each builder takes `utils.sweep.points_frame`'s frame; the page and the CLI's PNG draw the same charts.
+Each builder takes `utils.metrics.sweep.points_frame`'s frame; the page and the CLI's PNG draw the same charts.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import altair as alt
 import pandas as pd
 
-from utils.sweep import ATTAINMENT_GOAL, Goodput, Slo
+from utils.metrics.sweep import ATTAINMENT_GOAL, Goodput, Slo
 
 SERIES_COLORS = {"continuous": "#3b82f6", "static": "#f59e0b"}
 _OTHER_COLORS = ["#10b981", "#a855f7", "#ef4444", "#64748b"]
@@ -213,7 +213,7 @@ def attainment_chart(
     return alt.layer(*layers).properties(title="SLO attainment against the request rate", height=CHART_HEIGHT)
 
 
-# What each server said at each rate, drawn beside the client's figures (utils.sweep_servers)
+# What each server said at each rate, drawn beside the client's figures (utils.metrics.sweep_servers)
 SERVER_CHARTS = {
     "running_mean": ("requests running (mean)", ",.1f"),
     "waiting_peak": ("requests waiting (peak)", ",.0f"),

@@ -1,12 +1,12 @@
 """Drawings of KV memory: the block pool as a waffle (one square per block, coloured by state) and positions
-holding tokens against positions reserved over the steps. Each takes a frame from `utils.memory`."""
+holding tokens against positions reserved over the steps. Each takes a frame from `utils.metrics.memory`."""
 
 from __future__ import annotations
 
 import altair as alt
 import pandas as pd
 
-from utils.memory import BLOCK_STATES, HOLDING, RESERVED
+from utils.metrics.memory import BLOCK_STATES, HOLDING, RESERVED
 
 # shared, in use, cached, free: in use is the decode blue of the other charts, shared a deeper one.
 _STATE_COLORS = ["#7c3aed", "#3b82f6", "#10b981", "#e5e7eb"]

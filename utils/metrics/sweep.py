@@ -25,7 +25,7 @@ import pandas as pd
 
 from batching.engine.request import FinishReason
 from batching.runs import RunRecord
-from utils.metrics import percentile
+from utils.metrics.run import percentile
 
 ATTAINMENT_GOAL = 0.9  # DistServe's goodput: the highest rate at which 90% of requests meet the target
 PERCENTILES = (50, 90, 99)

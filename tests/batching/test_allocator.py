@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.allocator import ENV, allocator_state, find_tcmalloc, relaunch_env, started_as_entry_point
+from batching.allocator import ENV, allocator_state, find_tcmalloc, relaunch_env, started_as_entry_point
 
 
 def test_only_the_entry_points_started_with_dash_m_start_again() -> None:
