@@ -1,17 +1,22 @@
 """Batchscope: watch continuous batching of LLM inference happen, and measure why it beats static batching.
 
 This file is the frame every view sits in: the settings, the engine's client (one process per server, shared by
-every tab), the sidebar choices every view shares, and the navigation between the views in `app/views/`. The
-engine runs in `batching/`; `app/` draws it; `utils/` turns its events into frames, charts and files.
+every tab), the sidebar choices every view shares, and the navigation between the views. Each view is a folder of
+`app/` (`race/`, `shared_engine/`, `remote/`, `sweep/`: its page script, its run, its state and its sections), with
+what several share in `app/common/`. The engine runs in `batching/`; `app/` draws it; `utils/` turns its events into
+frames, charts and files.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from app import frame
-from app.runs import race, remote, shared, sweep
-from app.sidebar import shared_choices
+from app.common import frame
+from app.common.sidebar import shared_choices
+from app.race import run as race
+from app.remote import run as remote
+from app.shared_engine import run as shared_engine
+from app.sweep import run as sweep
 from batching.service import engine_options
 from utils.log_setup import configure_logging
 
@@ -20,10 +25,10 @@ INTRO = (
     "Continuous batching gives a slot to a waiting request the moment another finishes; static batching waits "
     "for the whole batch. The charts and the numbers show what that is worth."
 )
-RACE = frame.View("app/views/race.py", "Race: continuous vs static", race.KEY)
-SHARED = frame.View("app/views/shared.py", "Shared engine (everyone's requests)", shared.KEY)
-REMOTE = frame.View("app/views/remote.py", "Remote server", remote.KEY)
-SWEEP = frame.View("app/views/sweep.py", "Load sweep", sweep.KEY)
+RACE = frame.View("app/race/page.py", "race", "Race: continuous vs static", race.KEY)
+SHARED = frame.View("app/shared_engine/page.py", "shared", "Shared engine (everyone's requests)", shared_engine.KEY)
+REMOTE = frame.View("app/remote/page.py", "remote", "Remote server", remote.KEY)
+SWEEP = frame.View("app/sweep/page.py", "sweep", "Load sweep", sweep.KEY)
 VIEWS = (RACE, SHARED, REMOTE, SWEEP)
 
 
@@ -41,7 +46,9 @@ def main() -> None:
     st.caption(frame.model_line(service.info, builder))
 
     opens_on = REMOTE if settings.remote.url else RACE  # a server set in the settings is what the page opens on
-    pages = {view: st.Page(view.path, title=view.title, default=view == opens_on) for view in VIEWS}
+    pages = {
+        view: st.Page(view.path, title=view.title, url_path=view.url_path, default=view == opens_on) for view in VIEWS
+    }
     page = st.navigation(list(pages.values()), position="sidebar")
     shown = next(view for view, each in pages.items() if each is page)
     frame.let_go_of_runs_elsewhere(VIEWS, shown)

@@ -24,7 +24,7 @@ def parsed(path: Path) -> ast.Module:
 
 def test_the_scan_sees_the_source_tree() -> None:
     names = {path.relative_to(ROOT).as_posix() for path in source_files()}
-    assert {"streamlit_app.py", "batching/engine/batcher.py", "app/streaming.py", "config/settings.py"} <= names
+    assert {"streamlit_app.py", "batching/engine/batcher.py", "app/common/streaming.py", "config/settings.py"} <= names
     assert not any(name.startswith("tests/") for name in names)
 
 

@@ -14,17 +14,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("config", "model", "training", "batching", "utils", "app")
 OURS = ("config", "model", "training", "batching", "utils", "app", "streamlit_app")
-PAGE = ("streamlit_app", "app")  # the frame and the package of its views and sections
-# The page's own models, tested without Streamlit: the queue, a run's follower, a run's live view, a race's view,
-# the streaming loops, a sweep's view.
+PAGE = ("streamlit_app", "app")  # the frame and the package of its views
+# One folder per view (its page script, its run, its state, its sections); what several share is in `app.common`.
+FEATURES = ("app.race", "app.shared_engine", "app.remote", "app.sweep")
+COMMON = "app.common"
+# The page's own models, tested without Streamlit: the queue, a run's follower, a run's live view, the streaming
+# loop, a race's lanes and its loop, a sweep's view (of this tab's engine, and of running servers).
 PAGE_MODELS = (
-    "app.prompt_queue",
-    "app.baton",
-    "app.live_run",
-    "app.race_view",
-    "app.streaming",
-    "app.sweep_view",
-    "app.server_sweep_view",
+    "app.common.prompt_queue",
+    "app.common.baton",
+    "app.common.live_run",
+    "app.common.streaming",
+    "app.race.lanes",
+    "app.race.stream",
+    "app.sweep.live_sweep",
+    "app.sweep.live_server_sweep",
 )
 
 
@@ -92,7 +96,7 @@ def test_the_layering_test_sees_the_project() -> None:
     assert len(MODULES) > 30, f"found only {len(MODULES)} modules under {ROOT}"
     assert "batching.engine.batcher" in MODULES and "streamlit_app" in MODULES
     assert {"training.train", "training.corpus", "training.evaluate", "model.loader"} <= set(MODULES)
-    assert {"app.views.race", "app.sections.queue", *PAGE_MODELS} <= set(MODULES)
+    assert {*(f"{feature}.page" for feature in FEATURES), "app.common.queue", *PAGE_MODELS} <= set(MODULES)
 
 
 # The names of the engine's choices (block sizes, policies, admissions), defined once where the settings and the
@@ -148,10 +152,28 @@ def test_the_page_package_never_imports_the_frame() -> None:
 
 
 def test_no_module_imports_a_view() -> None:
-    """A view is a script the frame runs through st.navigation: importing it would draw it."""
+    """A view is a script the frame runs through st.navigation (each folder's `page`): importing it would draw it."""
+    pages = {f"{feature}.page" for feature in FEATURES}
     for module, imports in GRAPH.items():
-        views = {imp for imp in imports if imp.startswith("app.views.")}
+        views = imports & pages
         assert not views, f"{module} imports {sorted(views)}"
+
+
+def _feature(module: str) -> str | None:
+    """The view's folder a module of the page belongs to (None: `app.common`, the package, or not the page)."""
+    return next((f for f in FEATURES if module == f or module.startswith(f + ".")), None)
+
+
+def test_every_module_of_the_page_is_in_a_views_folder_or_the_common_one() -> None:
+    loose = [m for m in MODULES if m.startswith("app.") and not _feature(m) and not m.startswith(COMMON)]
+    assert not loose, f"modules of app/ outside a view's folder and app/common: {loose}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _unit(m) == "app"))
+def test_a_views_folder_imports_no_other_views_and_the_common_pieces_import_none(module: str) -> None:
+    """Each view's folder stands on `app.common` alone, so a view is read, changed or removed in its own folder."""
+    others = {imp for imp in GRAPH[module] if _feature(imp) not in (None, _feature(module))}
+    assert not others, f"{module} imports {sorted(others)}"
 
 
 # Which units may import which: a unit never imports one that comes after it in the flow (the page may import all).

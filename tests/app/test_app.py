@@ -19,8 +19,8 @@ import pytest
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from app.live_run import CURSOR, LiveRun
-from app.race_view import RaceRun
+from app.common.live_run import CURSOR, LiveRun
+from app.race.lanes import RaceRun
 from batching.engine.mask_view import ALLOWED, cell_kinds
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
@@ -36,7 +36,7 @@ from utils.metrics.run import summarize
 from utils.plain_text import card_heading_html
 
 APP = str(ROOT / "streamlit_app.py")
-VIEWS = {"race": "app/views/race.py", "shared": "app/views/shared.py", "remote": "app/views/remote.py"}
+VIEWS = {"race": "app/race/page.py", "shared": "app/shared_engine/page.py", "remote": "app/remote/page.py"}
 CAP = 8  # the default cap in these tests: short answers keep runs fast
 
 
@@ -838,7 +838,7 @@ def test_the_queue_is_kept_across_views_and_each_run_stays_with_the_view_that_st
 
 
 class UnfinishedRun:
-    """Stands in for a view's run still going (`app.frame.ViewRun`): it records being let go."""
+    """Stands in for a view's run still going (`app.common.frame.ViewRun`): it records being let go."""
 
     running = True
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from app.sections.memory import HEADER
+from app.race.memory import HEADER
 from tests.browser.helpers import BROWSER_MARKS, IDLE, new_page
 from tests.browser.test_browser_race import set_slow_motion
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.sidebar import ADMISSION_LABELS, BLOCK_SIZE_CHOICES, POLICY_LABELS
+from app.common.sidebar import POLICY_LABELS
+from app.race.knobs import ADMISSION_LABELS, BLOCK_SIZE_CHOICES
 from batching.engine.options import BatcherOptions
 from batching.engine.scheduler import ADMISSIONS, POLICIES
 from config.choices import ADMISSION_NAMES, BLOCK_SIZES, POLICY_NAMES
