@@ -1,5 +1,6 @@
-"""Each view's run: how it starts, follows the queue, stops, and where it is kept. A run belongs to the view that
-started it: each view keeps its run under a session-state key of its own (`KEY` in its module)."""
+"""What every view's run does alike: it runs until its live view is done and is let go when the person leaves the
+view. A run belongs to the view that started it: each view keeps its run under a session-state key of its own
+(`KEY` in its folder's `run` module), with how it starts, follows the queue and stops."""
 
 from __future__ import annotations
 
