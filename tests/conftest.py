@@ -69,6 +69,7 @@ BACKGROUND_MODULES = (
     "tests/engine/test_graph_cache.py",
     "tests/engine/test_paged_decode.py",
     "tests/engine/test_compiled.py",
+    "tests/service/test_race_graphs.py",
 )
 
 

@@ -20,16 +20,8 @@ from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.serve.server import BackgroundServer, start_background
 from batching.service import EngineClient, EngineConfig, EngineDeadError, EngineInfo
-from config.settings import (
-    EngineSettings,
-    LimitSettings,
-    ModelSettings,
-    Settings,
-    SettingsError,
-    TokenizerSettings,
-    load_settings,
-    setting_warnings,
-)
+from batching.service.client import engine_options
+from config.settings import Settings, SettingsError, load_settings, setting_warnings
 from model.gptq import require_gptq
 from model.loader import BUILTIN_4BIT_NAME, BUILTIN_NAME, ModelLoadError
 from model.prompting import format_prompt
@@ -93,15 +85,18 @@ def current_frame() -> Frame:
 
 
 # --- resources shared by every tab of this process ---------------------------------------------------------
+SERVICE_SETTINGS = {"model", "tokenizer", "engine", "limits", "batching"}  # what the engine process is made from
+
+
 @st.cache_resource(show_spinner=False)
-def get_service(model_json: str, tokenizer_json: str, engine_json: str, limits_json: str) -> EngineClient:
-    """The engine process of this server (it loads the model once), shared by every tab through one client."""
+def get_service(settings_json: str) -> EngineClient:
+    """The engine process of this server (it loads the model once), shared by every tab through one client. It
+    starts making the default race's graphs as soon as it is ready: a race waits for its graphs before it steps."""
+    settings = Settings.model_validate_json(settings_json)
     config = EngineConfig(
-        ModelSettings.model_validate_json(model_json),
-        TokenizerSettings.model_validate_json(tokenizer_json),
-        EngineSettings.model_validate_json(engine_json),
+        settings.model, settings.tokenizer, settings.engine, background_graphs=engine_options(settings)
     )
-    return EngineClient(config, LimitSettings.model_validate_json(limits_json))
+    return EngineClient(config, settings.limits)
 
 
 @st.cache_resource(show_spinner=False)
@@ -154,12 +149,7 @@ def model_or_stop(settings: Settings) -> EngineClient:
     """The engine process with the model loaded (started by the first page load of this server)."""
     try:
         with st.spinner(f"Loading the model `{settings.model.name_or_path}` (once per server)…"):
-            return get_service(
-                settings.model.model_dump_json(),
-                settings.tokenizer.model_dump_json(),
-                settings.engine.model_dump_json(),
-                settings.limits.model_dump_json(),
-            )
+            return get_service(settings.model_dump_json(include=SERVICE_SETTINGS))
     except UnsupportedModelError as exc:  # loaded, but the engine cannot run it exactly: one line, nothing else
         st.error(str(exc))
         st.stop()
@@ -215,8 +205,8 @@ def compile_caption(state: CompileState) -> str:
     return {
         "off": "Decode steps: eager (compiling is off: BATCHSCOPE_ENGINE__COMPILE_STEPS=false).",
         "waiting": "Decode steps: eager; the first run starts compiling them in the background.",
-        "compiling": "Decode steps: eager while their graph is compiled in the background, only while the engine "
-        "is idle (the compile pauses while anything runs, so it never slows a run or its figures).",
+        "compiling": "Decode steps: their graphs are being made in the background, only while the engine is idle "
+        "(the compile pauses while anything runs, so it never slows a run or its figures); a race waits for them.",
         "failed": "Decode steps: eager; they could not be compiled here (the engine's log says why).",
     }[state.stage]
 

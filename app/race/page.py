@@ -41,6 +41,8 @@ if buttons.running:  # prompts added since join both lanes; a new slow motion ap
 
 lanes = kept.run
 progress_slot, answer_slots = race_answers_section(lanes)
+if buttons.running and not any(lanes.elapsed.values()) and frame.service.lifecycle.stats.compile.stage == "compiling":
+    progress_slot.info(race.GRAPHS_WAIT)
 layout = engine_layout(RACE_NOTES)
 memory = memory_layout(tuple(lanes.lanes), race.memory_budget(frame, kv_tokens))
 

@@ -16,6 +16,10 @@ from batching.engine.options import BatcherOptions
 from batching.service import RaceHandle
 
 KEY = "race_run"
+GRAPHS_WAIT = (
+    "The race starts once the compiled steps are made (once per server start, read from the disk cache after), "
+    "so both lanes, and every later race, time the same steps."
+)
 
 
 @dataclass

@@ -47,6 +47,8 @@ from config.settings import EngineSettings
 
 logger = logging.getLogger(__name__)
 
+GRAPH_POLL_S = 0.25  # how often an engine whose only races wait for their graphs looks whether they are made
+
 Emit = Callable[[object], None]
 
 
@@ -94,15 +96,29 @@ class EngineCore:
         return self.next_work_s() == 0.0
 
     def next_work_s(self) -> float | None:
-        """Seconds until a batcher can step (0: now; > 0: only slow-motion races, paused), or None when idle."""
-        if any(s.batcher.has_work for s in self.shared.values()) or any(
-            p.run is not None for p in self.private.values()
-        ):
+        """Seconds until a batcher can step (0: now; > 0: only slow-motion races, paused, or races waiting for their
+        graphs, looked at again in `GRAPH_POLL_S`), or None when idle."""
+        if self._batchers_busy():
             return 0.0
         if not self.races:
             return None
+        timed = [race for race in self.races.values() if not race.graphs_pending()]
+        if not timed:
+            return GRAPH_POLL_S
         now = time.monotonic()
-        return min(race.wait_s(now) for race in self.races.values())
+        return min(race.wait_s(now) for race in timed)
+
+    def holds_compiles(self) -> bool:
+        """Whether a background compile must wait: while any batcher has work (a slow-motion race's pauses count),
+        so no step, and no figure, ever shares the cores with a compile. A race waiting for its graphs is not
+        work: its graphs are what runs."""
+        return self._batchers_busy() or any(not race.graphs_pending() for race in self.races.values())
+
+    def _batchers_busy(self) -> bool:
+        """Whether a shared batcher has work or a private run is going."""
+        return any(s.batcher.has_work for s in self.shared.values()) or any(
+            p.run is not None for p in self.private.values()
+        )
 
     def stats(self) -> EngineStats:
         self._compile_sent = compile_state(self.model, self.settings.compile_steps)
@@ -209,7 +225,9 @@ class EngineCore:
         alone = self.model.device.type == "cpu" and torch.get_num_threads() == 1
         clock = CPU if command.cpu_clock and alone else WALL
         try:
-            self.races[command.race_id] = Race(make, command.requests, command.schedule, command.pause_s, clock=clock)
+            self.races[command.race_id] = Race(
+                make, command.requests, command.schedule, command.pause_s, clock=clock, graphs_first=True
+            )
         except ValueError as exc:
             self.emit(RaceEnded(command.race_id, error=str(exc)))
             return
@@ -243,7 +261,7 @@ class EngineCore:
                 self._step_private(batcher_id, private)
         now = time.monotonic()
         for race_id, race in list(self.races.items()):
-            if race.wait_s(now) == 0.0:
+            if not race.graphs_pending() and race.wait_s(now) == 0.0:
                 self._step_race(race_id, race)
         if compile_state(self.model, self.settings.compile_steps) != self._compile_sent:  # a graph was made, or failed
             self.emit(self.stats())

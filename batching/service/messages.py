@@ -39,6 +39,10 @@ class EngineConfig:
     # said in a `Progress` line: the API server's, so no request it serves waits on a compiler. None: made in the
     # background when first asked (the page's engine).
     prepare: BatcherOptions | None = None
+    # A batcher whose compiled graphs start being made in the background once the engine is ready, while it is idle
+    # (the page's default race): a race waits for its graphs before its first step, so the sooner they are made,
+    # the less a first race waits. None: made when a race or a step first asks.
+    background_graphs: BatcherOptions | None = None
     # The torch thread count to run on, untimed: a restart keeps its first start's choice (`EngineInfo.thread_choice`),
     # so it neither times the counts again (seconds on a busy machine) nor makes graphs for another count. None: timed.
     threads: ThreadChoice | None = None

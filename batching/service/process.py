@@ -66,6 +66,8 @@ def engine_main(config: EngineConfig, commands: Connection, outputs: Connection)
     if loaded is None:
         return
     core = EngineCore(loaded.model, loaded.tokenizer, config.engine, pulse.send)
+    if config.background_graphs is not None and config.engine.compile_steps:
+        start_graphs(loaded, config.background_graphs)
     try:
         run_loop(core, commands, parent=os.getppid(), pulse=pulse)
     except (EOFError, OSError, BrokenPipeError):
@@ -115,10 +117,7 @@ def run_loop(core: EngineCore, commands: Connection, parent: int, pulse: Pulse |
                 core.handle(command)
                 if not commands.poll(0):
                     break
-            wake = core.next_work_s()
-        # A graph is made only while no batcher has work (a race's slow-motion pauses count as work): no step, and
-        # so no figure, ever shares the cores with a compile.
-        pause_compiles(wake is not None)
+        pause_compiles(core.holds_compiles())
         core.step_round()
         if time.monotonic() >= next_check:
             if os.getppid() != parent:
@@ -175,6 +174,14 @@ def _load(config: EngineConfig, outputs: Pulse) -> LoadedModel | None:
     )
     outputs.send(Ready(info))
     return loaded
+
+
+def start_graphs(loaded: LoadedModel, options: BatcherOptions) -> None:
+    """Start making, each in a background thread, every graph a batcher with `options` steps through: they run while
+    the engine is idle and sleep while anything steps (`pause_compiles`)."""
+    small = dataclasses.replace(options, kv_blocks=options.max_batch_size, kv_cache_tokens=None, kv_cache_mb=None)
+    for compiler in Batcher(loaded.model, loaded.tokenizer, small).runner.compilers():
+        compiler.start()
 
 
 def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str], None]) -> None:
