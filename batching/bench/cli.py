@@ -32,16 +32,16 @@ from tqdm import tqdm
 
 from batching.arrivals import Schedule
 from batching.bench.floor import format_floor, measure_floor
-from batching.bench.gguf_convert import WEIGHT_FORMATS, GGUFConversionError, check_convertible, convert
-from batching.bench.hf_peer import HFPeer
-from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
-from batching.bench.local_server import ServerStartError
+from batching.bench.peers.gguf_convert import WEIGHT_FORMATS, GGUFConversionError, check_convertible, convert
+from batching.bench.peers.hf_peer import HFPeer
+from batching.bench.peers.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
+from batching.bench.peers.local_server import ServerStartError
+from batching.bench.peers.vllm_peer import VllmPeer
+from batching.bench.peers.vllm_server import NOT_INSTALLED as VLLM_NOT_INSTALLED
+from batching.bench.peers.vllm_server import VllmNotFoundError, VllmSettings, find_python, vllm_server
 from batching.bench.plan import ModeRun, Peer, Plan
 from batching.bench.report import compare, format_report, machine_info, mode_report
 from batching.bench.shapes import build_shape
-from batching.bench.vllm_peer import VllmPeer
-from batching.bench.vllm_server import NOT_INSTALLED as VLLM_NOT_INSTALLED
-from batching.bench.vllm_server import VllmNotFoundError, VllmSettings, find_python, vllm_server
 from batching.bench.workloads import (
     DISTRIBUTIONS,
     RANDOM_NAME,

@@ -25,7 +25,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from batching.arrivals import Schedule
-from batching.bench.local_server import LocalServer, ServerStartError
+from batching.bench.peers.local_server import LocalServer, ServerStartError
 from batching.bench.sweep_client import request_body, run_remote_rate
 from batching.bench.workloads import load_workload, random_workload
 from config.settings import load_settings

@@ -38,8 +38,8 @@ import transformers
 from tqdm import tqdm
 
 from batching.arrivals import Schedule
-from batching.bench import serve_peer
-from batching.bench.local_server import ServerStartError
+from batching.bench.peers import serve_peer
+from batching.bench.peers.local_server import ServerStartError
 from batching.bench.report import host_info, machine_info
 from batching.bench.sweep_client import request_body, run_remote_rate
 from batching.bench.sweep_remote import RemoteSweep, Target, check_names, fleet_target, server_target

@@ -413,7 +413,7 @@ def test_the_hf_peer_held_between_runs_stops_its_thread_and_answers_the_same_aft
     """Its generation thread, alive in our process, slowed our two-thread steps 3.7x: it is stopped while other
     contenders run and started again for its own runs, with the same answers."""
     from batching.arrivals import Schedule
-    from batching.bench.hf_peer import HFPeer
+    from batching.bench.peers.hf_peer import HFPeer
     from config.settings import ModelSettings
     from model.loader import load_model
 

@@ -21,8 +21,8 @@ from typing import Any
 import httpx2
 
 from batching.arrivals import Schedule
-from batching.bench.local_server import LocalServer
-from batching.bench.peer_loop import RequestLoop, from_queue, request_id
+from batching.bench.peers.local_server import LocalServer
+from batching.bench.peers.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.events import FinishedEvent
 from batching.engine.request import FinishReason
 from batching.remote.telemetry import read_samples

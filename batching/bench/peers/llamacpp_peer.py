@@ -34,9 +34,9 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from batching.arrivals import Schedule
-from batching.bench.gguf_convert import INSTALL_HINT
-from batching.bench.local_server import LocalServer, ServerStartError
-from batching.bench.peer_loop import RequestLoop, from_queue, request_id
+from batching.bench.peers.gguf_convert import INSTALL_HINT
+from batching.bench.peers.local_server import LocalServer, ServerStartError
+from batching.bench.peers.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.detokenizer import decode_text
 from batching.engine.events import FinishedEvent
 from batching.engine.request import FinishReason

@@ -18,8 +18,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from batching.arrivals import Schedule
 from batching.bench.cli import main
-from batching.bench.gguf_convert import GGUFConversionError, convert, float_tensors
-from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
+from batching.bench.peers.gguf_convert import GGUFConversionError, convert, float_tensors
+from batching.bench.peers.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
 from batching.engine.request import FinishReason
 from config.settings import ModelSettings
 from model.loader import load_model

@@ -1,7 +1,7 @@
 """Our OpenAI-compatible server next to `transformers serve --continuous-batching` and vLLM's own server, driven by
 the same load generator.
 
-    python -m batching.bench.serve_peer --rates 2,4,8 --requests 30 --json serve-peer.json
+    python -m batching.bench serve-peer --rates 2,4,8 --requests 30 --json serve-peer.json
 
 Each server runs as a subprocess on a free port with the same model folder, the same number of slots and per-step
 token budget, on CPU with one torch thread (vLLM from its own environment, scripts/install-vllm.sh; without it the
@@ -31,9 +31,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from batching.bench import vllm_server
-from batching.bench.local_server import LocalServer, ServerStartError, log_tail
-from batching.bench.vllm_server import (
+from batching.bench.peers import vllm_server
+from batching.bench.peers.local_server import LocalServer, ServerStartError, log_tail
+from batching.bench.peers.vllm_server import (
     NOT_INSTALLED,
     VllmNotFoundError,
     VllmSettings,
@@ -48,7 +48,7 @@ SERVERS = ("batchscope", "transformers", "vllm")
 PAGE_SIZE = 256  # transformers' continuous-batching page (KV block) size, in tokens
 REPORT_VERSION = 2  # the layout of guidellm's JSON report this parser reads (guidellm 0.8)
 STARTUP_TIMEOUT_S = 180.0
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class ServePeerError(Exception):
@@ -113,7 +113,7 @@ def _positive_floats(text: str) -> tuple[float, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        error_type=ServePeerError, prog="python -m batching.bench.serve_peer", description=__doc__.split("\n\n")[0]
+        error_type=ServePeerError, prog="python -m batching.bench serve-peer", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--model", default="model/builtin", help="the model folder both servers load")
     parser.add_argument("--servers", default=",".join(SERVERS), help="comma-separated, from: " + ", ".join(SERVERS))

@@ -16,7 +16,7 @@ import pytest
 
 from batching.arrivals import Schedule
 from batching.bench.cli import main
-from batching.bench.vllm_peer import VllmPeer
+from batching.bench.peers.vllm_peer import VllmPeer
 from batching.engine.request import FinishReason
 from model.prompting import format_prompt
 from tests.bench.vllm_helpers import MODEL, RunningVllm, our_answers, vllm_python

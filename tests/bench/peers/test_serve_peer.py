@@ -1,6 +1,6 @@
 """The serving benchmark's own logic: guidellm's reports read right, equal load for both servers, one-line errors.
 
-The reports under tests/bench/data are real guidellm 0.8.1 output (see its README.md); the figures expected here
+The reports under tests/bench/peers/data are real guidellm 0.8.1 output (see its README.md); the figures expected here
 are the ones guidellm itself printed for them (`guidellm export FILE --output kind=console`), so the parser is
 checked against the tool, not against itself. The slow tests start the real servers: no load generator needed.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from batching.bench import serve_peer
-from batching.bench.serve_peer import Load, ServePeerError, format_table, parse_report, scenario, server_specs
+from batching.bench.peers import serve_peer
+from batching.bench.peers.serve_peer import Load, ServePeerError, format_table, parse_report, scenario, server_specs
 from tests.bench.vllm_helpers import RunningVllm
 
 DATA = Path(__file__).parent / "data"
