@@ -22,12 +22,11 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from batching.arrivals import Schedule
 from batching.bench.peers.local_server import LocalServer, ServerStartError
 from batching.bench.sweep_client import request_body, run_remote_rate
 from batching.bench.workloads import load_workload, random_workload
+from batching.remote.prometheus import read_metrics
 from config.settings import load_settings
 from model.prompting import format_prompt
 from utils.sweep import RequestTiming
@@ -65,14 +64,7 @@ def bodies(workload_name: str, seed: int, count: int, model: str) -> list[dict]:
 
 def steps_by_path(url: str) -> dict[str, float]:
     """`batchscope:engine_steps_total` by path, read from the server's /metrics."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "batchscope:engine_steps_total":
-                counts[sample.labels["path"]] = sample.value
-    return counts
+    return read_metrics(url).by_label("batchscope:engine_steps_total", "path")
 
 
 def windows(timings: Sequence[RequestTiming], window_s: float) -> list[dict]:

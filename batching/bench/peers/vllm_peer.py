@@ -25,7 +25,7 @@ from batching.bench.peers.local_server import LocalServer
 from batching.bench.peers.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.events import FinishedEvent
 from batching.engine.request import FinishReason
-from batching.remote.telemetry import read_samples
+from batching.remote.prometheus import read_metrics
 from batching.runs import RunRecord
 
 REQUEST_TIMEOUT_S = 600.0
@@ -61,12 +61,10 @@ class VllmPeer:
 
     def engine_steps(self) -> int:
         """How many engine steps the server has taken so far, from its /metrics."""
-        answer = httpx2.get(f"{self.url}/metrics", timeout=10)
-        answer.raise_for_status()
-        counts = read_samples(answer.text).get(STEPS_METRIC)
-        if counts is None:
+        steps = read_metrics(self.url).total(STEPS_METRIC)
+        if steps is None:
             raise ValueError(f"vLLM's /metrics has no {STEPS_METRIC}")
-        return int(sum(counts))
+        return int(steps)
 
     def warm_up(self, prompt: Sequence[int], max_new_tokens: int = 4) -> None:
         """A full batch of short untimed requests: vLLM's first steps after its start are slow."""
