@@ -24,9 +24,11 @@ from pathlib import Path
 
 from batching.arrivals import Schedule
 from batching.bench.peers.local_server import LocalServer, ServerStartError
-from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.bench.sweep_client import greedy_request, run_remote_rate
 from batching.bench.workloads import load_workload, random_workload
+from batching.remote.endpoint import local_endpoint
 from batching.remote.prometheus import read_metrics
+from batching.remote.stream import RemoteRequest
 from config.settings import load_settings
 from model.prompting import format_prompt
 from utils.sweep import RequestTiming
@@ -50,15 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def bodies(workload_name: str, seed: int, count: int, model: str) -> list[dict]:
-    """`count` streamed greedy completions of the workload's prompts, cycled, templated as the page sends them."""
+def workload_requests(workload_name: str, seed: int, count: int) -> list[RemoteRequest]:
+    """`count` greedy completions of the workload's prompts, cycled, templated as the page sends them, EOS ignored."""
     workload = random_workload(seed=seed) if workload_name == "random" else load_workload(workload_name)
     prompt = load_settings().prompt
     items = [workload.requests[index % len(workload.requests)] for index in range(count)]
-    texts = [format_prompt(item.prompt, prompt.system_prompt, prompt.template) for item in items]
     return [
-        {**request_body(model, [], item.max_new_tokens or 128, ignore_eos=True), "prompt": text}
-        for item, text in zip(items, texts, strict=True)
+        greedy_request(
+            format_prompt(item.prompt, prompt.system_prompt, prompt.template), item.max_new_tokens or 128, True
+        )
+        for item in items
     ]
 
 
@@ -112,7 +115,8 @@ def run(args: argparse.Namespace) -> dict:
                 model = json.load(response)["data"][0]["id"]
             before = steps_by_path(server.url)
             schedule = Schedule.poisson(count, args.rate, seed=args.seed)
-            timings, duration = run_remote_rate(server.url, bodies(args.workload, args.seed, count, model), schedule)
+            sent = workload_requests(args.workload, args.seed, count)
+            timings, duration = run_remote_rate(local_endpoint(server.url), model, sent, schedule)
             after = steps_by_path(server.url)
         startup_log = startup_lines(server.log)
     steps = {path: after.get(path, 0.0) - before.get(path, 0.0) for path in after}

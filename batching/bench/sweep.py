@@ -41,7 +41,7 @@ from batching.arrivals import Schedule
 from batching.bench.peers import serve_peer
 from batching.bench.peers.local_server import ServerStartError
 from batching.bench.report import host_info, machine_info
-from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.bench.sweep_client import greedy_request, run_remote_rate
 from batching.bench.sweep_remote import RemoteSweep, Target, check_names, fleet_target, server_target
 from batching.bench.workloads import (
     RANDOM_NAME,
@@ -59,6 +59,7 @@ from batching.engine.params import RequestParams
 from batching.engine.request import Request
 from batching.race import LaneStep
 from batching.remote import WARM_UP_QUESTION, Endpoint, RemoteError, endpoint_from_settings
+from batching.remote.endpoint import local_endpoint
 from batching.runs import CPU, WALL, LaneClock, StepClock
 from batching.service import engine_options
 from batching.sweep import AUTO, DEFAULT_REQUESTS, SweepSpec, auto_rates, capacity, format_rates, parse_rates, run_rate
@@ -310,12 +311,13 @@ def sweep_servers(
             print(f"sweep: {name} ...", file=sys.stderr, flush=True)
             try:
                 with serve_peer.running_server(server, model, workdir) as url:
-                    bodies = [
-                        request_body(model, ids, cap, mix.ignore_eos)
+                    requests = [
+                        greedy_request(ids, cap, mix.ignore_eos)
                         for ids, cap in zip(mix.prompt_ids, mix.caps, strict=True)
                     ]
                     for rate in spec.rates:
-                        timings, duration = run_remote_rate(url, bodies, spec.schedule(rate), on_finished)
+                        schedule = spec.schedule(rate)
+                        timings, duration = run_remote_rate(local_endpoint(url), model, requests, schedule, on_finished)
                         points.append(sweep_point(name, rate, timings, duration, slo, spec.requests))
             except serve_peer.ServePeerError as exc:
                 raise SweepError(str(exc)) from None

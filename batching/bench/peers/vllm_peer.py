@@ -1,36 +1,32 @@
-"""The third peer: vLLM's own server (batching/bench/vllm_server.py) on the same model folder, driven over HTTP with
-the same requests and caps as our batchers.
+"""The third peer: vLLM's own server (`vllm_server.py`) on the same model folder, driven over HTTP with the
+same requests and caps as our batchers.
 
-Each request is the same token ids with the same cap (`max_tokens`), greedy, with vLLM's `ignore_eos` as asked,
-streamed from `/v1/completions` with `return_token_ids`, so the answer's token ids come back exactly and the first
-token's arrival is seen by the client (TTFT). Requests are submitted on the same arrival schedule; a per-step
-schedule counts the server's engine steps from its `/metrics` (`vllm:iteration_tokens_total`, one observation per
-step). The server does not report its batches: the run has no step events, and no request has a known queue time.
+Each request is the same token ids with the same cap (`max_tokens`), greedy, with vLLM's `ignore_eos` as asked, streamed
+from `/v1/completions` with `return_token_ids` by the one streaming client (`batching.remote.stream_pool`), so the
+answer's token ids come back exactly and the first token's arrival is seen by the client (TTFT). Requests are submitted
+on the same arrival schedule; a per-step schedule counts the server's engine steps from its `/metrics`
+(`vllm:iteration_tokens_total`, one observation per step). The server does not report its batches: the run has no step
+events, and no request has a known queue time.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
-
-import httpx2
 
 from batching.arrivals import Schedule
 from batching.bench.peers.local_server import LocalServer
 from batching.bench.peers.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.events import FinishedEvent
-from batching.engine.request import FinishReason
+from batching.remote.endpoint import local_endpoint
 from batching.remote.prometheus import read_metrics
+from batching.remote.stream import RemoteRequest, StreamResult, request_body
+from batching.remote.stream_pool import StreamPool
 from batching.runs import RunRecord
 
-REQUEST_TIMEOUT_S = 600.0
 STEPS_METRIC = "vllm:iteration_tokens_total_count"
-_REASONS = {"length": FinishReason.LENGTH, "abort": FinishReason.CANCELLED}
 
 
 class VllmPeer:
@@ -82,87 +78,35 @@ class VllmPeer:
     ) -> tuple[RunRecord, list[int]]:
         """Submit the prompts on `schedule` and wait for every answer; the run as events, no step lengths."""
         finished: queue.Queue[FinishedEvent] = queue.Queue()
-        threads: list[threading.Thread] = []
-        limits = httpx2.Limits(max_connections=len(prompts), max_keepalive_connections=len(prompts))
-        with httpx2.Client(timeout=httpx2.Timeout(REQUEST_TIMEOUT_S, connect=10.0), limits=limits) as client:
+        with StreamPool(local_endpoint(self.url), len(prompts), clock=self.clock) as pool:
 
             def submit(index: int, arrival: float) -> None:
-                body = self._body(prompts[index], caps[index], ignore_eos)
-                args = (client, request_id(index), len(prompts[index]), body, arrival, finished)
-                thread = threading.Thread(target=self._complete, args=args, daemon=True)
-                thread.start()
-                threads.append(thread)
+                request = RemoteRequest(tuple(prompts[index]), caps[index], ignore_eos=ignore_eos, token_ids=True)
+
+                def done(result: StreamResult) -> None:
+                    finished.put(answer_event(result, request_id(index), len(prompts[index]), arrival))
+
+                pool.submit(request_body(request, self.model), done)
 
             loop = RequestLoop(schedule, submit, self.engine_steps, self.clock)
             record = loop.run(mode, self.slots, from_queue(finished, lambda event: event), on_finished)
-            for thread in threads:
-                thread.join()
         record.end = max(event.finished for event in record.finished) if record.finished else self.clock()
         return record, []
 
-    def _body(self, prompt: Sequence[int], cap: int, ignore_eos: bool) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "prompt": list(prompt),  # token ids, taken as they are
-            "max_tokens": cap,
-            "ignore_eos": ignore_eos,
-            "temperature": 0,  # greedy
-            "stream": True,
-            "return_token_ids": True,  # each chunk carries its tokens' ids
-        }
 
-    def _complete(
-        self,
-        client: httpx2.Client,
-        request_id: str,
-        prompt_tokens: int,
-        body: dict[str, Any],
-        arrival: float,
-        finished: queue.Queue[FinishedEvent],
-    ) -> None:
-        """One streamed completion; always puts exactly one event (an error event when anything fails)."""
-        tokens: list[int] = []
-        pieces: list[str] = []
-        first_token: float | None = None
-        reason, error = FinishReason.ERROR, None
-        try:
-            with client.stream("POST", f"{self.url}/v1/completions", json=body) as response:
-                if response.status_code != 200:
-                    raise ValueError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')[:200]}")
-                for event in httpx2.EventSource(response):
-                    if event.data.strip() == "[DONE]":
-                        break
-                    for choice in json.loads(event.data).get("choices") or ():
-                        ids = [int(token) for token in choice.get("token_ids") or ()]
-                        if ids and first_token is None:
-                            first_token = self.clock()
-                        tokens += ids
-                        pieces.append(choice.get("text") or "")
-                        if choice.get("finish_reason"):
-                            reason = _reason(choice["finish_reason"], choice.get("stop_reason"))
-            if reason is FinishReason.ERROR:
-                error = "the stream ended without a known finish reason"
-        except (httpx2.HTTPError, httpx2.SSEError, ValueError, KeyError, TypeError) as exc:
-            reason, error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
-        finished.put(
-            FinishedEvent(
-                request_id=request_id,
-                reason=reason,
-                output_ids=tuple(tokens),
-                text="".join(pieces),
-                prompt_tokens=prompt_tokens,
-                arrival=arrival,
-                admitted=None,  # vLLM does not say when a request got its place in the batch
-                first_token=first_token,
-                finished=self.clock(),
-                slot=None,
-                error=error,
-            )
-        )
-
-
-def _reason(finish_reason: str, stop_reason: object) -> FinishReason:
-    """OpenAI's finish reason as ours: vLLM's "stop" is EOS when no stop string or token id caused it."""
-    if finish_reason == "stop":
-        return FinishReason.EOS if stop_reason is None else FinishReason.STOP
-    return _REASONS.get(finish_reason, FinishReason.ERROR)
+def answer_event(result: StreamResult, request_id: str, prompt_tokens: int, arrival: float) -> FinishedEvent:
+    """A streamed answer as our engine's event: its token ids and text, the first token's arrival; an error event
+    when it failed. vLLM does not say when a request got its place in the batch, nor in which slot."""
+    return FinishedEvent(
+        request_id=request_id,
+        reason=result.reason,
+        output_ids=tuple(result.token_ids),
+        text=result.text,
+        prompt_tokens=prompt_tokens,
+        arrival=arrival,
+        admitted=None,
+        first_token=result.first_token,
+        finished=result.ended if result.ended is not None else result.started,
+        slot=None,
+        error=result.error,
+    )
