@@ -15,7 +15,7 @@ capacity to 4 times the higher, so it starts below static's knee and ends near e
 continuous's knee, however fast the machine is (compiled steps, or a quieter hour, move them severalfold).
 
 The page runs each rate as a private race in the engine process (`app.sweep_view`); the CLI
-(`python -m batching.bench.sweep`) and the tests run them here, in-process, with `run_rate`.
+(`python -m batching.bench sweep`) and the tests run them here, in-process, with `run_rate`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ its requests run, its `/metrics` (each replica's, in a fleet: the requests go th
 one telemetry reader (`batching.remote.window`), so each rate has what the client measured beside what each server
 said about itself.
 
-The CLI (`python -m batching.bench.sweep --url ...`) runs it to the end; the page runs it in a thread and draws what
+The CLI (`python -m batching.bench sweep --url ...`) runs it to the end; the page runs it in a thread and draws what
 it has so far.
 """
 

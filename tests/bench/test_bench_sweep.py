@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from batching.arrivals import Schedule
-from batching.bench import sweep
+from batching.bench.cli import main
 from batching.bench.sweep_client import greedy_request, run_remote_rate
 from batching.remote.endpoint import local_endpoint
 from batching.sweep import auto_rates, format_rates
@@ -27,7 +27,7 @@ def _workload(folder: Path) -> Path:
 
 
 def _run(argv: list[str]) -> int:
-    return sweep.main([*argv, "--threads", "1", "--no-progress", "--eager"])
+    return main(["sweep", *argv, "--threads", "1", "--no-progress", "--eager"])
 
 
 def test_the_in_process_sweep_prints_every_point_and_writes_the_json_and_the_plot(
@@ -91,7 +91,7 @@ def test_bad_input_is_one_line_and_exit_2(
 ) -> None:
     assert _run([*argv, "--model", str(tiny_model_dirs["llama"])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("sweep: error: ") and message in err[0]
+    assert len(err) == 1 and err[0].startswith("bench sweep: error: ") and message in err[0]
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ def _workload(folder: Path) -> Path:
 
 
 def _bench(argv: list[str]) -> int:
-    return main([*argv, "--device", "cpu", "--dtype", "float32", "--threads", "1", "--no-progress"])
+    return main(["race", *argv, "--device", "cpu", "--dtype", "float32", "--threads", "1", "--no-progress"])
 
 
 @pytest.mark.slow
@@ -137,7 +137,7 @@ def test_a_vllm_python_that_does_not_exist_is_one_line_and_exit_code_2(
     assert _bench([*argv, "--vllm-python", "/nonexistent/python"]) == 2
     err = capsys.readouterr().err
     expected = "vLLM Python /nonexistent/python: no such executable (bash scripts/install-vllm.sh makes one)"
-    assert err == f"bench: error: {expected}\n"
+    assert err == f"bench race: error: {expected}\n"
 
 
 def test_a_server_that_will_not_start_is_one_line_with_its_log_and_exit_code_2(
@@ -147,5 +147,7 @@ def test_a_server_that_will_not_start_is_one_line_with_its_log_and_exit_code_2(
     argv = ["--workload", str(_workload(tmp_path)), "--modes", "continuous,vllm", "--vllm-python", sys.executable]
     assert _bench([*argv, "--model", str(tiny_model_dirs["llama"])]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("bench: error: vLLM's server exited with code 1 before /health:") and err.count("\n") == 1
+    assert (
+        err.startswith("bench race: error: vLLM's server exited with code 1 before /health:") and err.count("\n") == 1
+    )
     assert "No module named 'vllm'" in err
