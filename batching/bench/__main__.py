@@ -1,4 +1,4 @@
-"""`python -m batching.bench`: the benchmark CLI."""
+"""`python -m batching.bench SUBCOMMAND`: the benchmark's one command line (`cli.py`)."""
 
 import sys
 

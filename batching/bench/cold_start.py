@@ -1,6 +1,6 @@
 """Does the first race after a cold start measure batching, not the compiler?
 
-`python -m batching.bench.cold_start [--workloads customer-support,seed-lab] [--starts 3] [--json FILE]`
+`python -m batching.bench cold-start [--workloads customer-support,seed-lab] [--starts 3] [--json FILE]`
 
 Each start is a newcomer's: a fresh engine process with compiled steps on (the default) and an empty compile cache.
 Each workload is raced at once, as the page races it (the graph is not made yet: the first decode step starts the
@@ -11,15 +11,18 @@ they are, how each race's steps ran, and how long the graph took. A script that 
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from batching.bench.race_check import RaceResult, race_once, race_queue, script_args
+from batching.bench import options
+from batching.bench.options import BadInput
+from batching.bench.race_check import RaceResult, add_workloads, race_once, race_queue
+from batching.command_line import first_below_one
 from batching.service import EngineClient, EngineConfig
 from config.settings import Settings, load_settings
 
@@ -92,9 +95,18 @@ def print_table(rows: list[dict], starts: list[dict]) -> None:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    count = ("--starts", "cold starts; the median speed-up is shown")
-    args = script_args(argv, "cold_start", __doc__, "customer-support,seed-lab", count)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cold-start check's flags."""
+    add_workloads(parser, "customer-support,seed-lab")
+    parser.add_argument("--starts", type=int, default=3, help="cold starts; the median speed-up is shown (default 3)")
+    options.add_all(parser, "--json")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`python -m batching.bench cold-start`: every start's races, and each workload's median speed-ups."""
+    problem = first_below_one(args, ["starts"])
+    if problem:
+        raise BadInput(problem)
     settings = load_settings()
     workloads = args.workloads
     starts = [one_start(settings, workloads) for _ in range(args.starts)]
@@ -103,7 +115,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

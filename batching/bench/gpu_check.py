@@ -1,7 +1,7 @@
 """The benchmark half of the GPU check (scripts/gpu_check.sh): both reference workloads on one loaded model, its graphs
 compiled once, while the engine tests run beside it; the timed runs wait until the tests are done.
 
-    python -m batching.bench.gpu_check --out DIR [--wait-for FILE] [--deadline-s S] [--device cuda --dtype bfloat16]
+    python -m batching.bench gpu-check --out DIR [--wait-for FILE] [--deadline-s S] [--device cuda --dtype bfloat16]
 
 In order, so that a run cut short has kept what matters most: compile both graphs (their seconds; inductor's cache
 packed into DIR for a second run to start from), then wait for FILE; seed-lab with our compiled mode, our eager
@@ -15,24 +15,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import tarfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import transformers
 
-from batching.bench import cli
+from batching.bench import race
 from batching.bench.floor import format_floor
+from batching.bench.options import add, load
+from batching.bench.peers.contenders import PeerServers
 from batching.bench.report import format_report
 from batching.bench.shapes import build_shape
 from batching.engine import cuda_graphs
 from config.settings import load_settings
 from utils.export import json_safe
-from utils.log_setup import configure_logging
 
 WORKLOADS = ("seed-lab", "seed-blog")
 # Seconds a step is expected to need at most (0.5B shape): one that would end past the deadline is left out. On an
@@ -41,17 +40,16 @@ NEEDS = {"seed-lab": 120, "seed-blog": 90, "seed-blog eager": 30, "profile": 20}
 CACHE_LIMIT = 16 * 2**20  # the largest file the device machine sends back
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m batching.bench.gpu_check", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The GPU check's flags."""
     parser.add_argument("--out", type=Path, required=True, help="folder for the results")
     parser.add_argument("--wait-for", type=Path, help="time nothing until this file exists (the tests are done)")
     parser.add_argument("--deadline-s", type=float, default=400.0, help="leave out steps that would end later")
-    parser.add_argument("--model-shape", default="qwen2-0.5b")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--repeat", type=int, default=3)
+    add(parser, "--model-shape", "qwen2-0.5b")
+    add(parser, "--device", "cuda")
+    add(parser, "--dtype", "bfloat16")
+    add(parser, "--repeat", 3)
     parser.add_argument("--no-pack-cache", dest="pack_cache", action="store_false", help="keep inductor's cache here")
-    return parser
 
 
 class Check:
@@ -69,12 +67,12 @@ class Check:
         args = self.args(WORKLOADS[0], "compiled", 1)
         args.model = str(build_shape(options.model_shape))
         self.model_folder = args.model
-        self.loaded = cli.load(args, self.settings)
+        self.loaded = load(args, self.settings)
 
     def args(self, workload: str, modes: str, repeat: int, floor: bool = False) -> argparse.Namespace:
         argv = [*self.base, "--modes", modes, "--repeat", str(repeat)]
         argv[1] = workload
-        args = cli.build_parser().parse_args([*argv, *(["--floor"] if floor else [])])
+        args = race.race_args([*argv, *(["--floor"] if floor else [])])
         args.model_shape, args.model = None, getattr(self, "model_folder", None)
         return args
 
@@ -107,8 +105,8 @@ class Check:
         """The compiled mode's graphs (the prompt-step graph too, or not); their seconds."""
         self.use_prompt_graph(prompt_steps)
         args = self.args(WORKLOADS[0], "compiled", 1)
-        plan = cli.make_plan(args, self.settings, self.loaded, cli.check_flags(args))
-        seconds = cli.compile_steps(plan, self.loaded) or 0.0
+        plan = race.make_plan(args, self.settings, self.loaded, race.check_flags(args))
+        seconds = race.compile_steps(plan, self.loaded) or 0.0
         print(f"gpu check: graphs compiled (prompt steps {prompt_steps}) in {seconds:.1f} s", flush=True)
         return seconds
 
@@ -119,7 +117,7 @@ class Check:
     def bench(self, workload: str, modes: str, repeat: int, floor: bool = False) -> dict:
         """One benchmark run as the CLI makes it, on the shared model; its table printed, its JSON kept."""
         args = self.args(workload, modes, repeat, floor)
-        result = cli._benchmark(args, self.settings, cli.check_flags(args), None, None, loaded=self.loaded)
+        result = race.race(args, self.settings, race.check_flags(args), PeerServers(), loaded=self.loaded)
         print(format_report(result), flush=True)
         if result["floor"] is not None:
             print(format_floor(result["floor"]), flush=True)
@@ -137,11 +135,11 @@ class Check:
     def profile(self) -> None:
         """One compiled seed-lab run under torch's profiler: the host's busiest calls and the device's kernel time."""
         args = self.args(WORKLOADS[0], "compiled", 1)
-        plan = cli.make_plan(args, self.settings, self.loaded, cli.check_flags(args))
-        cli.run_batcher("compiled", self.loaded, plan)  # a warm-up, as the benchmark's
+        plan = race.make_plan(args, self.settings, self.loaded, race.check_flags(args))
+        race.run_batcher("compiled", self.loaded, plan)  # a warm-up, as the benchmark's
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as profiler:
-            run = cli.run_batcher("compiled", self.loaded, plan)
+            run = race.run_batcher("compiled", self.loaded, plan)
         averages = profiler.key_averages()
         device_us = sum(event.self_device_time_total for event in averages)
         lines = [
@@ -186,10 +184,8 @@ def summary(results: dict[str, dict]) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    configure_logging(logging.INFO)
-    transformers.utils.logging.disable_progress_bar()
-    options = build_parser().parse_args(argv)
+def run(options: argparse.Namespace) -> int:
+    """`python -m batching.bench gpu-check`: the graphs, then each step the deadline leaves room for, in order."""
     options.out.mkdir(parents=True, exist_ok=True)
     check = Check(options)
     machine = f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}, torch {torch.__version__}"
@@ -214,7 +210,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("gpu check summary:")
     print("\n".join(summary(check.results)))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

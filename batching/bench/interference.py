@@ -1,6 +1,6 @@
 """Prefill/decode interference, measured (a table and JSON, not a test):
 
-    python -m batching.bench.interference --threads 1 --json interference.json
+    python -m batching.bench interference --threads 1 --json interference.json
 
 Seven requests decode on a continuous batcher; after a few steps a long prompt arrives. A step that computes its
 prompt computes the decoding rows too, so every decoding request waits for that step: its inter-token gap jumps.
@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
+from batching.bench import options
+from batching.bench.options import BadInput
 from batching.engine.batcher import Batcher
 from batching.engine.events import RowKind, StepEvent, TokenEvent
 from batching.engine.options import BatcherOptions
@@ -27,7 +27,6 @@ from batching.engine.params import RequestParams
 from config.settings import ModelSettings, load_settings
 from model.loader import LoadedModel, load_model
 from utils.export import json_safe
-from utils.log_setup import configure_logging
 
 DECODERS = 7
 DECODE_CAP = 48
@@ -86,24 +85,25 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batching.bench.interference", description=__doc__)
-    parser.add_argument("--model", help="model (default: the settings', the embedded one)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Interference's flags."""
+    options.add(parser, "--model", said="the settings', the embedded one")
     parser.add_argument("--budgets", default="512,128,32", help="token budgets to compare (comma-separated)")
     parser.add_argument("--prompt-tokens", type=int, default=480, help="the long prompt's length in tokens")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per budget; the median run's figures are kept")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    args = parser.parse_args(argv)
-    configure_logging()
+    options.add(parser, "--repeat", 3)
+    options.add(parser, "--threads", 1)
+    options.add_all(parser, "--json")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`python -m batching.bench interference`: each budget's median run, as a table."""
+    budgets = [int(value) for value in args.budgets.split(",")]
+    if any(budget <= DECODERS + 1 for budget in budgets):
+        raise BadInput(f"--budgets={args.budgets} is not allowed: each must exceed {DECODERS + 1} (the slots)")
     torch.set_num_threads(args.threads)
     settings = load_settings()
     model_settings = settings.model if args.model is None else ModelSettings(name_or_path=args.model)
     loaded = load_model(model_settings.model_copy(update={"device": "cpu", "dtype": "float32"}))
-    budgets = [int(value) for value in args.budgets.split(",")]
-    if any(budget <= DECODERS + 1 for budget in budgets):
-        print(f"--budgets={args.budgets} is not allowed: each must exceed {DECODERS + 1} (the slots)", file=sys.stderr)
-        return 2
     rows = []
     for budget in budgets:
         runs = sorted(
@@ -118,7 +118,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(json_safe(rows), indent=2), encoding="utf-8")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

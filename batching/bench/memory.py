@@ -1,6 +1,6 @@
 """KV memory benchmark: what paging buys on the KV memory of 8 full-length slots (a table and JSON, not a test).
 
-    python -m batching.bench.memory --threads 1 --json memory.json
+    python -m batching.bench memory --threads 1 --json memory.json
 
 One model (the embedded one by default), one run of each configuration, all under the same KV memory: 8 slots of
 the whole context. On seed-blog and a seeded 64-request random workload: static batching and continuous batching
@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-import transformers
 
-from batching.bench.cli import BAD_INPUT, build_parser, check_flags, load, make_plan, median_run, run_all
+from batching.bench import options
+from batching.bench.options import load
+from batching.bench.race import check_flags, make_plan, median_run, race_args, run_all
 from batching.bench.report import _fmt, mode_report
 from batching.command_line import text_table
 from batching.engine.geometry import PoolGeometry
@@ -31,7 +29,6 @@ from batching.engine.options import BatcherOptions
 from config.settings import load_settings
 from model.loader import LoadedModel
 from utils.export import json_safe
-from utils.log_setup import configure_logging
 
 FULL_SLOTS = 8  # the memory budget: this many slots of the whole context
 SUPPORT_RATE = 8.0  # requests/s of customer-support's spread-out arrivals (seeded)
@@ -79,7 +76,7 @@ def configs(budget: int, slots: int, random_requests: int) -> list[tuple[str, li
 def run_config(config: Config, loaded: LoadedModel, common: Sequence[str], repeat: int) -> dict:
     """One configuration through the benchmark's own plan and runner: the median run's figures."""
     settings = load_settings()
-    args = build_parser().parse_args([*config.flags, *common, "--modes", config.mode, "--repeat", str(repeat)])
+    args = race_args([*config.flags, *common, "--modes", config.mode, "--repeat", str(repeat)])
     plan = make_plan(args, settings, loaded, check_flags(args))
     runs = run_all(plan, loaded, {}, repeat, show=False)[config.mode]
     return {"label": config.label, "slots": plan.options.max_batch_size, **mode_report(median_run(runs), plan, runs)}
@@ -127,52 +124,41 @@ def format_tables(result: dict) -> str:
     return "\n".join(lines)
 
 
-def build_memory_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m batching.bench.memory", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="builtin", help="builtin, a hub id or a local folder")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Memory's flags."""
+    options.add(parser, "--model", "builtin")
     parser.add_argument("--slots", type=int, default=32, help="slots of the paged runs (default 32)")
-    parser.add_argument("--random-requests", type=int, default=64, help="requests of the random workload")
-    parser.add_argument("--repeat", type=int, default=1, help="runs of each configuration; the median is shown")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--json", type=Path, help="write every figure here")
-    return parser
+    parser.add_argument("--random-requests", type=int, default=64, help="requests of the random workload (default 64)")
+    options.add(parser, "--repeat", 1)
+    options.add(parser, "--threads", 1)
+    options.add(parser, "--json", said="printed")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    configure_logging(logging.WARNING)
-    transformers.utils.logging.disable_progress_bar()
-    args = build_memory_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """`python -m batching.bench memory`: every configuration's run, the table, and the figures as JSON."""
     torch.set_num_threads(args.threads)
     common = ["--model", args.model, "--device", "cpu", "--dtype", "float32", "--no-step-detail"]
-    try:
-        settings = load_settings()
-        loaded = load(build_parser().parse_args(["--workload", "seed-blog", *common]), settings)
-        context = PoolGeometry.of(loaded.model).context(BatcherOptions())
-        block_size = settings.batching.block_size
-        budget = FULL_SLOTS * -(-context // block_size) * block_size  # what 8 slots of the whole context hold
-        result: dict = {
-            "model": loaded.name,
-            "threads": args.threads,
-            "repeat": args.repeat,
-            "budget": {"positions": budget, "blocks": budget // block_size, "block_size": block_size},
-            "workloads": {},
-        }
-        for workload, runs in configs(budget, args.slots, args.random_requests):
-            result["workloads"][workload] = [run_config(run, loaded, common, args.repeat) for run in runs]
-    except BAD_INPUT as exc:
-        print(f"bench.memory: error: {exc}", file=sys.stderr)
-        return 2
+    settings = load_settings()
+    loaded = load(race_args(["--workload", "seed-blog", *common]), settings)
+    context = PoolGeometry.of(loaded.model).context(BatcherOptions())
+    block_size = settings.batching.block_size
+    budget = FULL_SLOTS * -(-context // block_size) * block_size  # what 8 slots of the whole context hold
+    result: dict = {
+        "model": loaded.name,
+        "threads": args.threads,
+        "repeat": args.repeat,
+        "budget": {"positions": budget, "blocks": budget // block_size, "block_size": block_size},
+        "workloads": {},
+    }
+    for workload, runs in configs(budget, args.slots, args.random_requests):
+        result["workloads"][workload] = [run_config(run, loaded, common, args.repeat) for run in runs]
     print(format_tables(result))
     for runs in result["workloads"].values():
-        for run in runs:
-            run.pop("requests")  # token ids: the benchmark's own JSON has them
+        for each in runs:
+            each.pop("requests")  # token ids: the race's own JSON has them
     text = json.dumps(json_safe(result), indent=1, allow_nan=False)
     if args.json:
         args.json.write_text(text, encoding="utf-8")
     else:
         print(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
-"""What a benchmark run needs (`Plan`, checked before any timing), what one timed run of a mode gives (`ModeRun`),
-and what a peer engine offers (`Peer`)."""
+"""What a race asks for (`Inputs`, checked before the model loads) and needs (`Plan`, checked before any timing),
+what one timed run of a mode gives (`ModeRun`), and what a peer engine offers (`Peer`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ from batching.bench.workloads import Workload
 from batching.engine.events import FinishedEvent
 from batching.engine.options import BatcherOptions
 from batching.runs import RunRecord
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the flags ask for, checked before the model is loaded: the modes, the workload, its arrivals."""
+
+    modes: tuple[str, ...]
+    workload: Workload
+    schedule: Schedule
 
 
 @dataclass(frozen=True)

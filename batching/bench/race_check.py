@@ -1,8 +1,8 @@
 """Does the page's race measure what the benchmark measures? Both, back to back, on the same workloads.
 
-`python -m batching.bench.race_check [--workloads seed-lab,customer-support] [--repeat 3] [--json FILE]`
+`python -m batching.bench race-check [--workloads seed-lab,customer-support] [--repeat 3] [--json FILE]`
 
-For each workload: the benchmark CLI's static and continuous runs (`batching.bench`, in this process, one torch
+For each workload: the benchmark's race of static and continuous (`batching.bench race`, in this process, one torch
 thread), then the same queue raced as the page races it (an engine process, both lanes stepped in turn on their own
 clocks). It prints each side's speed-up of continuous over static (the median of `--repeat` runs) and how far apart
 they are. A script that prints figures, not a test: timings on a shared machine are noisy.
@@ -13,16 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-
-import transformers
 
 from batching.arrivals import Schedule
-from batching.bench.cli import benchmark, build_parser
+from batching.bench import options
+from batching.bench.options import BadInput
+from batching.bench.race import benchmark, race_args
 from batching.bench.workloads import load_workload
 from batching.command_line import first_below_one
 from batching.engine.batcher import MODES
@@ -35,7 +32,6 @@ from batching.service.client import engine_options
 from batching.service.messages import RaceEnded
 from config.settings import Settings, load_settings
 from model.prompting import format_prompt
-from utils.log_setup import configure_logging
 from utils.metrics.run import steps_kind
 
 RACE_TIMEOUT_S = 600.0
@@ -52,7 +48,7 @@ def bench_speedup(workload: str, repeat: int, options: BatcherOptions) -> float:
         flags += ["--kv-cache-mb", str(options.kv_cache_mb)]
     if not options.prefix_caching:
         flags.append("--no-prefix-caching")
-    args = build_parser().parse_args([*flags, "--no-progress"])
+    args = race_args([*flags, "--no-progress"])
     return float(benchmark(args)["modes"]["continuous"]["speedup_vs_static"])
 
 
@@ -109,29 +105,28 @@ def race_speedup(client: EngineClient, settings: Settings, workload_name: str, r
     return statistics.median(race_once(client, options, items, schedule).speedup for _ in range(repeat))
 
 
-def script_args(
-    argv: Sequence[str] | None, script: str, doc: str, workloads: str, count: tuple[str, str]
-) -> argparse.Namespace:
-    """The flags this script and `cold_start` share: `--workloads` (a comma list, parsed into `workloads`), a count
-    (`count`: its flag and help, at least 1) and `--json`, described by the first line of the script's `doc`;
-    logging configured, transformers' progress bars off."""
-    parser = argparse.ArgumentParser(prog=f"python -m batching.bench.{script}", description=doc.splitlines()[0])
-    parser.add_argument("--workloads", default=workloads, help="comma list of built-in workloads")
-    parser.add_argument(count[0], type=int, default=3, help=count[1])
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    args = parser.parse_args(argv)
-    problem = first_below_one(args, [count[0].removeprefix("--")])
+def add_workloads(parser: argparse.ArgumentParser, default: str) -> None:
+    """`--workloads`, a comma list of built-in workloads (this check's and `cold-start`'s)."""
+    parser.add_argument(
+        "--workloads",
+        default=default,
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        help=f"comma list of built-in workloads (default: {default})",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The race check's flags."""
+    add_workloads(parser, "seed-lab,customer-support")
+    options.add(parser, "--repeat", 3, said="3, the median speed-up shown")
+    options.add_all(parser, "--json")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`python -m batching.bench race-check`: each workload's two speed-ups and how far apart they are."""
+    problem = first_below_one(args, ["repeat"])
     if problem:
-        parser.error(problem)
-    args.workloads = [name.strip() for name in args.workloads.split(",") if name.strip()]
-    configure_logging()
-    transformers.utils.logging.disable_progress_bar()
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    count = ("--repeat", "runs per side; the median speed-up is shown")
-    args = script_args(argv, "race_check", __doc__, "seed-lab,customer-support", count)
+        raise BadInput(problem)
     # Eager steps, as the benchmark's static and continuous modes run.
     settings = load_settings().model_copy(deep=True)
     settings.engine.compile_steps = False
@@ -150,7 +145,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

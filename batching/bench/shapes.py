@@ -1,6 +1,6 @@
 """Real-size model shapes with random weights, built here (nothing downloaded), so every contender of the benchmark
-can be timed on a model of a size people run: `python -m batching.bench --model-shape qwen2-0.5b ...`, or
-`python -m batching.bench.shapes qwen2-0.5b FOLDER` to build one into a folder.
+can be timed on a model of a size people run: `python -m batching.bench race --model-shape qwen2-0.5b ...`, or
+`python -m batching.bench shapes qwen2-0.5b FOLDER` to build one into a folder.
 
 A shape is a config of a real model's sizes over the embedded model's tokenizer (its vocabulary, so prompts and
 answers read as the benchmark's workloads do), saved with `save_pretrained` once into the cache folder and reused.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from batching.bench.options import BadInput
 from model.loader import BUILTIN_MODEL_DIR
 
 
@@ -120,20 +120,18 @@ def build_shape(text: str, folder: Path | None = None, seed: int = 0) -> Path:
     return folder
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batching.bench.shapes", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The shape to build, and where."""
     parser.add_argument("shape", help=f"one of {', '.join(SHAPES)}, optionally NAME:LAYERS")
     parser.add_argument("folder", type=Path, nargs="?", help="where to save it (default: the cache folder)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`python -m batching.bench shapes SHAPE [FOLDER]`: the shape built (or found built), and its size."""
     try:
         folder = build_shape(args.shape, args.folder)
     except ValueError as exc:
-        print(f"shapes: {exc}", file=sys.stderr)
-        return 2
+        raise BadInput(str(exc)) from None
     parameters = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(folder).parameters())
     print(f"{args.shape}: {parameters / 1e6:,.0f} M parameters (random, fp32) in {folder}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

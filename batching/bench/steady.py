@@ -1,6 +1,6 @@
 """Steady traffic through the API: a fresh server, Poisson arrivals the moment it answers, latency by window.
 
-    python -m batching.bench.steady --rate 6 --seconds 180 [--model DIR] [--server-arg=--no-compile] [--json out.json]
+    python -m batching.bench steady --rate 6 --seconds 180 [--model DIR] [--server-arg=--no-compile] [--json out.json]
 
 A server lives differently from a benchmark: it starts, and traffic never stops. This starts `python -m
 batching.serve` (on an empty compile cache unless `--warm-cache`), times how long it takes to answer, then sends the
@@ -22,12 +22,15 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from batching.arrivals import Schedule
-from batching.bench.local_server import LocalServer, ServerStartError
-from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.bench import options
+from batching.bench.options import BadInput, RunFailed
+from batching.bench.peers.local_server import LocalServer, ServerStartError
+from batching.bench.sweep_client import greedy_request, run_remote_rate
 from batching.bench.workloads import load_workload, random_workload
+from batching.remote.endpoint import local_endpoint
+from batching.remote.prometheus import read_metrics
+from batching.remote.stream import RemoteRequest
 from config.settings import load_settings
 from model.prompting import format_prompt
 from utils.metrics.sweep import RequestTiming
@@ -37,42 +40,35 @@ STARTUP_TIMEOUT_S = 3600.0  # a cold start makes every graph before it listens
 STARTUP_LOGGERS = ("batching.engine.threads", "batching.service.lifecycle", "batching.serve.server")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m batching.bench.steady", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="model folder (default: the server's, the embedded model)")
-    parser.add_argument("--workload", default="random", help="built-in name or 'random' (32 requests, seed --seed)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Steady's flags."""
+    options.add(parser, "--model", said="the server's, the embedded model")
+    options.add(parser, "--workload", "random", said="random: 32 requests, seed --seed")
     parser.add_argument("--rate", type=float, default=6.0, help="Poisson arrivals per second (default 6)")
     parser.add_argument("--seconds", type=float, default=180.0, help="how long arrivals go on (default 180)")
     parser.add_argument("--window", type=float, default=30.0, help="seconds of arrivals per row (default 30)")
-    parser.add_argument("--seed", type=int, default=3, help="arrivals' and the random workload's seed")
+    options.add(parser, "--seed", 3)
     parser.add_argument("--warm-cache", action="store_true", help="keep torch's compile cache (default: empty)")
     parser.add_argument("--server-arg", action="append", default=[], help="passed to the server, e.g. --no-compile")
-    parser.add_argument("--json", type=Path, help="write the windows and step counts here")
-    return parser
+    options.add(parser, "--json", said="none; the windows and step counts")
 
 
-def bodies(workload_name: str, seed: int, count: int, model: str) -> list[dict]:
-    """`count` streamed greedy completions of the workload's prompts, cycled, templated as the page sends them."""
+def workload_requests(workload_name: str, seed: int, count: int) -> list[RemoteRequest]:
+    """`count` greedy completions of the workload's prompts, cycled, templated as the page sends them, EOS ignored."""
     workload = random_workload(seed=seed) if workload_name == "random" else load_workload(workload_name)
     prompt = load_settings().prompt
     items = [workload.requests[index % len(workload.requests)] for index in range(count)]
-    texts = [format_prompt(item.prompt, prompt.system_prompt, prompt.template) for item in items]
     return [
-        {**request_body(model, [], item.max_new_tokens or 128, ignore_eos=True), "prompt": text}
-        for item, text in zip(items, texts, strict=True)
+        greedy_request(
+            format_prompt(item.prompt, prompt.system_prompt, prompt.template), item.max_new_tokens or 128, True
+        )
+        for item in items
     ]
 
 
 def steps_by_path(url: str) -> dict[str, float]:
     """`batchscope:engine_steps_total` by path, read from the server's /metrics."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "batchscope:engine_steps_total":
-                counts[sample.labels["path"]] = sample.value
-    return counts
+    return read_metrics(url).by_label("batchscope:engine_steps_total", "path")
 
 
 def windows(timings: Sequence[RequestTiming], window_s: float) -> list[dict]:
@@ -106,7 +102,8 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> dict:
+def run_steady(args: argparse.Namespace) -> dict:
+    """The server started, its traffic sent and timed: every figure."""
     count = max(1, round(args.rate * args.seconds))
     model_args = ["--model", args.model] if args.model else []
     with tempfile.TemporaryDirectory(prefix="batchscope-steady-") as workdir:
@@ -120,7 +117,8 @@ def run(args: argparse.Namespace) -> dict:
                 model = json.load(response)["data"][0]["id"]
             before = steps_by_path(server.url)
             schedule = Schedule.poisson(count, args.rate, seed=args.seed)
-            timings, duration = run_remote_rate(server.url, bodies(args.workload, args.seed, count, model), schedule)
+            sent = workload_requests(args.workload, args.seed, count)
+            timings, duration = run_remote_rate(local_endpoint(server.url), model, sent, schedule)
             after = steps_by_path(server.url)
         startup_log = startup_lines(server.log)
     steps = {path: after.get(path, 0.0) - before.get(path, 0.0) for path in after}
@@ -149,17 +147,15 @@ def startup_lines(log: Path) -> list[str]:
     return said
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """`python -m batching.bench steady`: the run, what the server said as it started, and the windows' table."""
     for name in ("rate", "seconds", "window"):
         if getattr(args, name) <= 0:
-            print(f"steady: --{name}={getattr(args, name):g} is not allowed: must be > 0", file=sys.stderr)
-            return 2
+            raise BadInput(f"--{name}={getattr(args, name):g} is not allowed: must be > 0")
     try:
-        result = run(args)
+        result = run_steady(args)
     except ServerStartError as exc:
-        print(f"steady: {exc}", file=sys.stderr)
-        return 1
+        raise RunFailed(str(exc)) from None
     print("\n".join(f"server: {line}" for line in result["startup_log"]))
     print(f"server answered {result['startup_s']:.0f} s after it was launched")
     print(f"{result['served']} of {result['requests']} requests served at {args.rate:g} req/s")
@@ -168,7 +164,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """The load sweep from the command line: the page's sweep in this process, or a sweep against real servers.
 
-    python -m batching.bench.sweep --workload seed-lab --rates 2,4,8,16,32 --requests 32 --json sweep.json
-    python -m batching.bench.sweep --servers batchscope,vllm --rates 2,4,8,16 --plot sweep.png
-    python -m batching.bench.sweep --url ours=http://127.0.0.1:8001 --url vllm=http://127.0.0.1:8002 --plot s.png
-    python -m batching.bench.sweep --router http://127.0.0.1:8000 --replica http://127.0.0.1:8001 --replica ...
+    python -m batching.bench sweep --workload seed-lab --rates 2,4,8,16,32 --requests 32 --json sweep.json
+    python -m batching.bench sweep --servers batchscope,vllm --rates 2,4,8,16 --plot sweep.png
+    python -m batching.bench sweep --url ours=http://127.0.0.1:8001 --url vllm=http://127.0.0.1:8002 --plot s.png
+    python -m batching.bench sweep --router http://127.0.0.1:8000 --replica http://127.0.0.1:8001 --replica ...
 
 In-process (the default), each rate is a race of the workload's requests on a continuous and a static batcher
 (`batching.sweep.run_rate`), on the same seeded Poisson arrivals and on the lanes' own clocks, with the batcher the
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -34,14 +33,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-import transformers
 from tqdm import tqdm
 
 from batching.arrivals import Schedule
-from batching.bench import serve_peer
-from batching.bench.local_server import ServerStartError
+from batching.bench import options
+from batching.bench.options import BadInput
+from batching.bench.peers import serve_peer
 from batching.bench.report import host_info, machine_info
-from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.bench.sweep_client import greedy_request, run_remote_rate
 from batching.bench.sweep_remote import RemoteSweep, Target, check_names, fleet_target, server_target
 from batching.bench.workloads import (
     RANDOM_NAME,
@@ -51,24 +50,24 @@ from batching.bench.workloads import (
     load_workload,
     random_workload,
 )
-from batching.command_line import OneLineParser, first_below_one, first_missing_folder, text_table
+from batching.command_line import first_below_one, first_missing_folder, text_table
 from batching.engine.batcher import MODES, Batcher, BatcherOptions
 from batching.engine.events import FinishedEvent
 from batching.engine.geometry import PoolGeometry
-from batching.engine.model_support import UnsupportedModelError, check_supported
+from batching.engine.model_support import check_supported
 from batching.engine.params import RequestParams
 from batching.engine.request import Request
 from batching.race import LaneStep
 from batching.remote import WARM_UP_QUESTION, Endpoint, RemoteError, endpoint_from_settings
+from batching.remote.endpoint import local_endpoint
 from batching.runs import CPU, WALL, LaneClock, StepClock
 from batching.service import engine_options
 from batching.sweep import AUTO, DEFAULT_REQUESTS, SweepSpec, auto_rates, capacity, format_rates, parse_rates, run_rate
-from config.settings import SettingsError, load_settings
-from model.loader import LoadedModel, ModelLoadError, load_model
+from config.settings import load_settings
+from model.loader import LoadedModel, load_model
 from model.prompting import format_prompt
 from utils.charts.sweep import KNEE_COLUMNS, sweep_chart
 from utils.export import json_safe
-from utils.log_setup import configure_logging
 from utils.metrics.run import steps_kind
 from utils.metrics.sweep import (
     Goodput,
@@ -99,32 +98,22 @@ DEFAULT_TTFT_MS = 200.0
 DEFAULT_TPOT_MS = 100.0
 
 
-class SweepError(Exception):
-    """Bad input, or a server that would not start: one line on stderr, exit code 2."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        error_type=SweepError, prog="python -m batching.bench.sweep", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--workload", default=DEFAULT_WORKLOAD, help="the prompt mix: built-in, 'random' or a file")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sweep's flags."""
+    options.add(parser, "--workload", DEFAULT_WORKLOAD)
     parser.add_argument(
         "--rates", default=AUTO, help="requests/s, comma-separated, or auto (picked by a race of every request at once)"
     )
-    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="requests per rate (the mix cycled)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals (and the random workload)")
+    options.add(parser, "--requests", DEFAULT_REQUESTS, said=f"{DEFAULT_REQUESTS}, the mix cycled")
+    options.add(parser, "--seed", 0)
     parser.add_argument("--slo-ttft", type=float, default=DEFAULT_TTFT_MS, help="TTFT target, ms (default 200)")
     parser.add_argument("--slo-tpot", type=float, default=DEFAULT_TPOT_MS, help="TPOT target, ms (default 100)")
-    parser.add_argument("--batch-size", type=int, help="slots (default: settings)")
-    parser.add_argument("--policy", help="admission order (default: settings)")
-    parser.add_argument("--max-new-tokens", type=int, help="cap of requests the workload leaves uncapped")
-    parser.add_argument("--ignore-eos", action="store_true", help="every answer runs to its cap")
-    parser.add_argument("--model", help="builtin, a hub id or a local folder (default: settings)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1, as the page's engine)")
+    options.add_all(parser, "--batch-size", "--policy", "--max-new-tokens", "--ignore-eos", "--model")
+    options.add(parser, "--threads", 1, said="1, as the page's engine")
     parser.add_argument("--eager", action="store_true", help="in-process: eager steps even if the settings compile")
     parser.add_argument("--wall-clock", action="store_true", help="in-process: lanes count wall time, not CPU time")
     parser.add_argument("--servers", help="sweep these servers instead: " + ", ".join(serve_peer.SERVERS))
-    parser.add_argument("--vllm-python", help="vLLM's environment's Python (default: settings)")
+    options.add_all(parser, "--vllm-python")
     parser.add_argument("--url", action="append", default=[], help="a running server, NAME=URL (repeat for more)")
     parser.add_argument("--router", help="a fleet's router, [NAME=]URL: requests go through it")
     parser.add_argument(
@@ -132,10 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--api-key", help="sent to running servers as a bearer key (default: settings' remote key)")
     parser.add_argument("--served-model", help="the model name to send them (default: the first they list)")
-    parser.add_argument("--json", type=Path, help="write every figure here")
-    parser.add_argument("--plot", type=Path, help="write the charts here (PNG)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser
+    options.add_all(parser, "--json", "--plot", "--no-progress")
 
 
 @dataclass(frozen=True)
@@ -152,12 +138,12 @@ def check_args(args: argparse.Namespace) -> tuple[SweepSpec, Slo, Workload]:
     """Everything checked before a model loads or a server starts."""
     problem = first_below_one(args, ("batch_size", "max_new_tokens", "threads")) or first_missing_folder(args)
     if problem:
-        raise SweepError(problem)
+        raise BadInput(problem)
     running = bool(args.url or args.router)
     if running and args.servers:
-        raise SweepError("--servers starts servers, --url and --router sweep running ones: give one or the other")
+        raise BadInput("--servers starts servers, --url and --router sweep running ones: give one or the other")
     if args.replica and not args.router:
-        raise SweepError("--replica names a replica behind a router: give the router too (--router URL)")
+        raise BadInput("--replica names a replica behind a router: give the router too (--router URL)")
     try:
         spec = SweepSpec(parse_rates(args.rates), args.requests, args.seed)
         if spec.auto and args.servers:
@@ -165,7 +151,7 @@ def check_args(args: argparse.Namespace) -> tuple[SweepSpec, Slo, Workload]:
         slo = Slo(args.slo_ttft / 1000, args.slo_tpot / 1000)
         workload = random_workload(seed=args.seed) if args.workload == RANDOM_NAME else load_workload(args.workload)
     except ValueError as exc:
-        raise SweepError(str(exc)) from None
+        raise BadInput(str(exc)) from None
     return spec, slo, workload
 
 
@@ -176,7 +162,7 @@ def batcher_options(args: argparse.Namespace) -> BatcherOptions:
     try:
         options = engine_options(settings, args.batch_size, args.policy)
     except ValueError as exc:
-        raise SweepError(str(exc)) from None
+        raise BadInput(str(exc)) from None
     return replace(options, step_detail=False, compile_steps=options.compile_steps and not args.eager)
 
 
@@ -197,7 +183,7 @@ def tokenised_mix(
         ids, caps = encode_requests(builder, mix)
     except RefusedRequest as exc:
         index = exc.index % len(workload.requests)
-        raise SweepError(f"workload {workload.name} request {index}: {exc.reason}") from None
+        raise BadInput(f"workload {workload.name} request {index}: {exc.reason}") from None
     return Mix(workload.name, ids, caps, args.ignore_eos)
 
 
@@ -212,7 +198,7 @@ def compile_graphs(loaded: LoadedModel, options: BatcherOptions) -> float | None
         for compiler in runner.compilers():
             seconds = compiler.compile_now()
             if seconds is None and not compiler.second:  # without a second graph, the main one takes every step
-                raise SweepError(f"{compiler.what} could not be compiled (see the log above)")
+                raise BadInput(f"{compiler.what} could not be compiled (see the log above)")
             total += seconds or 0.0
     return total
 
@@ -261,7 +247,7 @@ def sweep_in_process(
         try:
             spec = replace(spec, rates=auto_rates(capacities["static"], capacities["continuous"]))
         except ValueError as exc:
-            raise SweepError(str(exc)) from None
+            raise BadInput(str(exc)) from None
     done = InProcess([], spec.rates, capacities, {}, clock.name)
     for rate in spec.rates:
         for mode, record in run_rate(make, requests, spec.schedule(rate), counted, clock).items():
@@ -280,14 +266,10 @@ def sweep_servers(
     args: argparse.Namespace, mix: Mix, spec: SweepSpec, slo: Slo, on_finished: Callable[[], object]
 ) -> tuple[list[SweepPoint], list[str]]:
     """Each server started on the model folder in turn, the same token ids sent at every rate on the wall clock."""
-    try:
-        names = serve_peer.parse_servers(args.servers)
-        names, vllm_python = serve_peer.available_servers(names, args.vllm_python)
-    except serve_peer.ServePeerError as exc:
-        raise SweepError(str(exc)) from None
+    names, vllm_python = serve_peer.available_servers(serve_peer.parse_servers(args.servers), args.vllm_python)
     model = args.model or "model/builtin"
     if not (serve_peer.ROOT / model / "config.json").is_file():
-        raise SweepError(f"--model {model!r} is not a model folder (the servers load a local folder)")
+        raise BadInput(f"--model {model!r} is not a model folder (the servers load a local folder)")
     longest_prompt = max(len(ids) for ids in mix.prompt_ids)
     load = serve_peer.Load(
         rates=spec.rates,
@@ -308,17 +290,15 @@ def sweep_servers(
         for name in names:
             server = server_spec(specs[name], slots, load)
             print(f"sweep: {name} ...", file=sys.stderr, flush=True)
-            try:
-                with serve_peer.running_server(server, model, workdir) as url:
-                    bodies = [
-                        request_body(model, ids, cap, mix.ignore_eos)
-                        for ids, cap in zip(mix.prompt_ids, mix.caps, strict=True)
-                    ]
-                    for rate in spec.rates:
-                        timings, duration = run_remote_rate(url, bodies, spec.schedule(rate), on_finished)
-                        points.append(sweep_point(name, rate, timings, duration, slo, spec.requests))
-            except serve_peer.ServePeerError as exc:
-                raise SweepError(str(exc)) from None
+            with serve_peer.running_server(server, model, workdir) as url:
+                requests = [
+                    greedy_request(ids, cap, mix.ignore_eos) for ids, cap in zip(mix.prompt_ids, mix.caps, strict=True)
+                ]
+                for rate in spec.rates:
+                    timings, duration = run_remote_rate(
+                        local_endpoint(url), model, requests, spec.schedule(rate), on_finished
+                    )
+                    points.append(sweep_point(name, rate, timings, duration, slo, spec.requests))
     return points, list(names)
 
 
@@ -353,7 +333,7 @@ def running_targets(args: argparse.Namespace) -> list[Target]:
             targets.append(fleet_target(args.router, args.replica, endpoint_of, args.served_model))
         check_names(targets)
     except (RemoteError, ValueError) as exc:
-        raise SweepError(str(exc)) from None
+        raise BadInput(str(exc)) from None
     return targets
 
 
@@ -385,7 +365,7 @@ def sweep_running(args: argparse.Namespace, spec: SweepSpec, slo: Slo, workload:
     with tqdm(total=sweep.total_requests(), unit="req", file=sys.stderr, disable=args.no_progress) as bar:
         sweep.run(lambda: bar.update(1))
     if sweep.error is not None:
-        raise SweepError(sweep.error)
+        raise BadInput(sweep.error)
     series = [target.name for target in targets]
     result = {
         "workload": workload.name,
@@ -507,7 +487,8 @@ def summary(points: list[SweepPoint], slo: Slo, series: Sequence[str]) -> dict:
     return result
 
 
-def run(args: argparse.Namespace) -> dict:
+def run_sweep(args: argparse.Namespace) -> dict:
+    """The sweep the flags ask for, in-process or against servers: every figure."""
     spec, slo, workload = check_args(args)
     if args.url or args.router:
         return sweep_running(args, spec, slo, workload)
@@ -566,15 +547,9 @@ def save_plot(path: Path, points: list[SweepPoint], slo: Slo, title: str, server
     chart.save(str(path), format="png")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    configure_logging(logging.WARNING)
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        args = build_parser().parse_args(argv)
-        result = run(args)
-    except (SweepError, SettingsError, ModelLoadError, UnsupportedModelError, ServerStartError) as exc:
-        print(f"sweep: error: {exc}", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace) -> int:
+    """`python -m batching.bench sweep`: the sweep, its tables and lines (and JSON, and the charts)."""
+    result = run_sweep(args)
     print(
         f"workload {result['workload']}, {result['requests_per_rate']} requests per rate, seed {result['seed']}, "
         f"{result['where']}; target {Slo(**{k: result['slo'][k] for k in ('ttft_s', 'tpot_s')}).words()}"
@@ -598,7 +573,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fields(point: dict) -> dict:
     derived = ("failed", "attainment", "request_throughput", "output_throughput")
     return {key: value for key, value in point.items() if key not in derived}
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ its requests run, its `/metrics` (each replica's, in a fleet: the requests go th
 one telemetry reader (`batching.remote.window`), so each rate has what the client measured beside what each server
 said about itself.
 
-The CLI (`python -m batching.bench.sweep --url ...`) runs it to the end; the page runs it in a thread and draws what
+The CLI (`python -m batching.bench sweep --url ...`) runs it to the end; the page runs it in a thread and draws what
 it has so far.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from batching.arrivals import Schedule
-from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.bench.sweep_client import greedy_request, run_remote_rate
 from batching.remote.dispatch import RunSetup
 from batching.remote.endpoint import Endpoint, RemoteError, fetch_model, parse_url
 from batching.remote.fleet import replica_endpoints, replica_name
@@ -185,9 +185,8 @@ class RemoteSweep:
     def _send(
         self, target: Target, schedule: Schedule, counted: Callable[[], object]
     ) -> tuple[list[RequestTiming], float]:
-        endpoint = target.endpoint
-        bodies = [request_body(target.model, text, cap, self.ignore_eos) for text, cap in self.prompts]
-        return run_remote_rate(endpoint.root, bodies, schedule, counted, headers=endpoint.headers(), stop=self.stopping)
+        requests = [greedy_request(text, cap, self.ignore_eos) for text, cap in self.prompts]
+        return run_remote_rate(target.endpoint, target.model, requests, schedule, counted, stop=self.stopping)
 
     # --- where it stands ---------------------------------------------------------------------------------------
     def total_requests(self) -> int:

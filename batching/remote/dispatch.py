@@ -24,7 +24,7 @@ from batching.engine.batcher import MODES, Mode
 from batching.engine.events import Event, FinishedEvent, StepEvent, TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason
-from batching.remote.endpoint import Endpoint, describe_failure
+from batching.remote.endpoint import Endpoint
 from batching.remote.poller import POLL_EVERY_S, TelemetryPoller
 from batching.remote.stream import Api, RemoteRequest, request_body, stream_answer
 from batching.remote.telemetry import TelemetrySample
@@ -33,8 +33,6 @@ from batching.runs import RunRecord, drain
 SAMPLE_EVERY_S = 0.1
 UNKNOWN_TOKEN = -1  # a server streams text, not token ids
 IDLE_EXIT_S = 120.0  # a run nobody submits to or closes for this long stops its thread
-# OpenAI's finish reasons as our engine's (a stop string and EOS are both "stop" there)
-_REASONS = {"stop": FinishReason.EOS, "length": FinishReason.LENGTH, "abort": FinishReason.CANCELLED}
 
 
 @dataclass(frozen=True)
@@ -238,18 +236,12 @@ class RemoteRun:
             self._window_tokens += 1
 
         body = request_body(job.request, setup.model, setup.api)
-        reason, error, prompt_tokens, tokens = FinishReason.ERROR, None, 0, None
         try:
-            result = await asyncio.wait_for(
-                stream_answer(client, setup.endpoint, body, setup.api, on_text), setup.endpoint.request_timeout_s
-            )
-            reason = _REASONS.get(result.finish_reason, FinishReason.EOS)
-            prompt_tokens, tokens = result.prompt_tokens or 0, result.completion_tokens
+            result = await stream_answer(client, setup.endpoint, body, setup.api, on_text, self.clock)
         except asyncio.CancelledError:
-            reason = FinishReason.CANCELLED
-        except Exception as exc:  # every failure ends this request with its one line; the others go on
-            error = describe_failure(exc, setup.endpoint)
-        self._finish(job, reason, error, prompt_tokens, len(job.pieces) if tokens is None else tokens)
+            self._finish(job, FinishReason.CANCELLED, None, 0, len(job.pieces))
+            return
+        self._finish(job, result.reason, result.error, result.prompt_tokens or 0, result.output_tokens)
 
     def _finish(self, job: _Job, reason: FinishReason, error: str | None, prompt_tokens: int, tokens: int) -> None:
         now = self.clock()

@@ -15,6 +15,7 @@ import httpx2
 from config.settings import RemoteSettings
 
 _API_SUFFIXES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1")
+LOCAL_TIMEOUT_S = 600.0
 
 
 class RemoteError(Exception):
@@ -51,6 +52,12 @@ def endpoint_from_settings(settings: RemoteSettings, url: str, api_key: str | No
         settings.read_timeout_s,
         settings.request_timeout_s,
     )
+
+
+def local_endpoint(url: str) -> Endpoint:
+    """A server on this machine that a benchmark started (a peer's, the sweep's): as long a wait for its next bytes
+    as for a whole answer, since a busy CPU server may take minutes to its first token."""
+    return Endpoint(url, connect_timeout_s=10.0, read_timeout_s=LOCAL_TIMEOUT_S, request_timeout_s=LOCAL_TIMEOUT_S)
 
 
 def parse_url(text: str) -> str:

@@ -1,8 +1,8 @@
 """Reads a server's telemetry a few times a second in a thread of its own, while a remote run goes on.
 
-`/metrics` (Prometheus) and llama.cpp's `/slots` are each tried; one that answers 404 (or is not in the expected
-format) is not asked again, and its absence is what the page reports. Every request has a short timeout, so a
-server that hangs costs a reading, never the run.
+`/metrics` (Prometheus, through the one reader: `prometheus.read_metrics`) and llama.cpp's `/slots` are each tried;
+one that answers 404 (or is not in the expected format) is not asked again, and its absence is what the page reports.
+Every request has a short timeout, so a server that hangs costs a reading, never the run.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Callable
 import httpx2
 
 from batching.remote.endpoint import Endpoint
-from batching.remote.telemetry import Telemetry, TelemetrySample, parse_metrics, parse_slots, with_slots
+from batching.remote.prometheus import ABSENT, MetricsUnavailable, read_metrics
+from batching.remote.telemetry import Telemetry, TelemetrySample, parse_slots, telemetry_of, with_slots
 
 POLL_EVERY_S = 0.25
 POLL_TIMEOUT_S = 1.0
@@ -81,17 +82,9 @@ class TelemetryPoller:
 
     def read(self, client: httpx2.Client) -> Telemetry | None:
         """One reading from whatever the server exposes, or None when nothing answered this time."""
-        telemetry: Telemetry | None = None
-        if self.metrics_available:
-            text = self._get(client, "/metrics", "metrics_available")
-            if isinstance(text, str):
-                try:
-                    telemetry = parse_metrics(text)
-                except ValueError:
-                    self.metrics_available = False
-                    self.last_problem = f"{self.endpoint.root}/metrics is not in Prometheus' text format"
+        telemetry = self._metrics(client) if self.metrics_available else None
         if self.slots_available:
-            answer = self._get(client, "/slots", "slots_available", json=True)
+            answer = self._slots(client)
             if answer is not None:
                 try:
                     busy, total = parse_slots(answer)
@@ -101,22 +94,38 @@ class TelemetryPoller:
                     telemetry = with_slots(telemetry or Telemetry(None), busy, total)
         return telemetry
 
-    def _get(self, client: httpx2.Client, path: str, flag: str, json: bool = False) -> object | None:
+    def _metrics(self, client: httpx2.Client) -> Telemetry | None:
+        """The `/metrics` page as telemetry; None when it did not answer this time, or has none (not asked again)."""
+        where = f"{self.endpoint.root}/metrics"
         try:
-            answer = client.get(self.endpoint.root + path)
+            return telemetry_of(read_metrics(self.endpoint.root, client))
+        except MetricsUnavailable:
+            self.metrics_available = False  # this server does not have it: stop asking
+        except httpx2.HTTPStatusError as exc:
+            self.last_problem = f"{where} answered HTTP {exc.response.status_code}"
         except httpx2.HTTPError as exc:
-            self.last_problem = f"{self.endpoint.root}{path}: {type(exc).__name__}"
+            self.last_problem = f"{where}: {type(exc).__name__}"
+        except ValueError:
+            self.metrics_available = False
+            self.last_problem = f"{where} is not in Prometheus' text format"
+        return None
+
+    def _slots(self, client: httpx2.Client) -> object | None:
+        """llama.cpp's `/slots` answer; None when it did not answer this time, or has none (not asked again)."""
+        where = f"{self.endpoint.root}/slots"
+        try:
+            answer = client.get(where)
+        except httpx2.HTTPError as exc:
+            self.last_problem = f"{where}: {type(exc).__name__}"
             return None
-        if answer.status_code in (404, 405, 501) or (answer.status_code == 200 and not answer.content):
-            setattr(self, flag, False)  # this server does not have it: stop asking
+        if answer.status_code in ABSENT or (answer.status_code == 200 and not answer.content):
+            self.slots_available = False  # this server does not have it: stop asking
             return None
         if answer.status_code != 200:
-            self.last_problem = f"{self.endpoint.root}{path} answered HTTP {answer.status_code}"
+            self.last_problem = f"{where} answered HTTP {answer.status_code}"
             return None
-        if not json:
-            return answer.text
         try:
             return answer.json()
         except ValueError:
-            setattr(self, flag, False)
+            self.slots_available = False
             return None

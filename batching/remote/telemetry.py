@@ -2,17 +2,16 @@
 requests finished (the count a fleet's spread is read from).
 
 Each engine names these differently (the table below, checked against real samples in tests/remote/data/); what an
-engine does not expose stays None and the page says "not reported" rather than guessing. Prometheus text is read
-with Prometheus' own parser; llama.cpp's `/slots` JSON is read for its busy slots.
+engine does not expose stays None and the page says "not reported" rather than guessing. The Prometheus page is
+read by the one `/metrics` reader (`prometheus.py`); llama.cpp's `/slots` JSON is read for its busy slots.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from prometheus_client.parser import text_string_to_metric_families
+from batching.remote.prometheus import MetricsPage, parse_page
 
 
 @dataclass(frozen=True)
@@ -93,32 +92,25 @@ class TelemetrySample:
     telemetry: Telemetry
 
 
-def read_samples(text: str) -> dict[str, list[float]]:
-    """Every sample's value by its name (`_total` counters under their full name), `_created` stamps left out."""
-    values: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_created") or math.isnan(sample.value):
-                continue
-            values.setdefault(sample.name, []).append(float(sample.value))
-    return values
-
-
 def parse_metrics(text: str) -> Telemetry:
-    """A Prometheus `/metrics` page read into `Telemetry`; the engine is the first in ENGINES with a figure there.
+    """A Prometheus `/metrics` page's text read into `Telemetry` (`telemetry_of`).
 
     Raises ValueError when the text is not Prometheus' format (Prometheus' parser's message)."""
-    values = read_samples(text)
+    return telemetry_of(parse_page(text))
+
+
+def telemetry_of(page: MetricsPage) -> Telemetry:
+    """A `/metrics` page as `Telemetry`; the engine is the first in ENGINES with a figure there."""
     for names in ENGINES:
-        if not any(name.startswith(names.prefix) for name in values):
+        if not any(name.startswith(names.prefix) for name in page.names()):
             continue
         return Telemetry(
             names.engine,
-            running=_first(values, names.running, sum),
-            waiting=_first(values, names.waiting, sum),
-            cache_usage=_first(values, names.cache_usage, _mean),
-            preemptions=_first(values, names.preemptions, sum),
-            finished=_first(values, names.finished, sum),
+            running=_first(page, names.running, sum),
+            waiting=_first(page, names.waiting, sum),
+            cache_usage=_first(page, names.cache_usage, _mean),
+            preemptions=_first(page, names.preemptions, sum),
+            finished=_first(page, names.finished, sum),
         )
     return Telemetry(None)
 
@@ -137,12 +129,10 @@ def with_slots(telemetry: Telemetry, busy: int, total: int) -> Telemetry:
     return replace(telemetry, engine=engine, running=running, slots_busy=busy, slots_total=total)
 
 
-def _first(
-    values: dict[str, list[float]], names: Sequence[str], combine: Callable[[list[float]], float]
-) -> float | None:
+def _first(page: MetricsPage, names: Sequence[str], combine: Callable[[list[float]], float]) -> float | None:
     for name in names:
-        if name in values:
-            return float(combine(values[name]))
+        if values := page.values(name):
+            return float(combine(values))
     return None
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import httpx2
 
 from batching.remote.dispatch import RunSetup
-from batching.remote.endpoint import RemoteError, describe_failure
-from batching.remote.stream import RemoteRequest, request_body, stream_answer
+from batching.remote.endpoint import RemoteError
+from batching.remote.stream import RemoteRequest, StreamResult, request_body, stream_answer
 
 WARM_UP_QUESTION = "Hello?"
 WARM_UP_TOKENS = 4
@@ -39,22 +39,15 @@ def warm_up(
     """Send `prompt` (chat: `question`, with the setup's system prompt) for `WARM_UP_TOKENS` greedy tokens and wait
     for the whole answer; RemoteError with one line saying the warm-up failed, and why, if it did."""
     request = RemoteRequest(prompt, WARM_UP_TOKENS, question=question, system_prompt=setup.system_prompt)
-    started = clock()
-    try:
-        tokens = asyncio.run(_answer(setup, request))
-    except Exception as exc:  # whatever failed, the page shows one line and starts nothing
-        raise RemoteError(
-            f"the warm-up request failed, so nothing was run: {describe_failure(exc, setup.endpoint)}"
-        ) from None
-    return WarmUp(clock() - started, tokens)
+    result = asyncio.run(_answer(setup, request, clock))
+    if result.error is not None:  # whatever failed, the page shows one line and starts nothing
+        raise RemoteError(f"the warm-up request failed, so nothing was run: {result.error}")
+    return WarmUp((result.ended or result.started) - result.started, result.output_tokens)
 
 
-async def _answer(setup: RunSetup, request: RemoteRequest) -> int:
+async def _answer(setup: RunSetup, request: RemoteRequest, clock: Callable[[], float]) -> StreamResult:
     endpoint = setup.endpoint
-    pieces: list[str] = []
     async with httpx2.AsyncClient(timeout=endpoint.timeout(), headers=endpoint.headers()) as client:
-        result = await asyncio.wait_for(
-            stream_answer(client, endpoint, request_body(request, setup.model, setup.api), setup.api, pieces.append),
-            endpoint.request_timeout_s,
+        return await stream_answer(
+            client, endpoint, request_body(request, setup.model, setup.api), setup.api, None, clock
         )
-    return len(pieces) if result.completion_tokens is None else result.completion_tokens

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from batching.arrivals import Schedule
-from batching.bench import sweep
-from batching.bench.sweep_client import request_body, run_remote_rate
+from batching.bench.cli import main
+from batching.bench.sweep_client import greedy_request, run_remote_rate
+from batching.remote.endpoint import local_endpoint
 from batching.sweep import auto_rates, format_rates
 from tests.bench.vllm_helpers import RunningVllm
 
@@ -26,7 +27,7 @@ def _workload(folder: Path) -> Path:
 
 
 def _run(argv: list[str]) -> int:
-    return sweep.main([*argv, "--threads", "1", "--no-progress", "--eager"])
+    return main(["sweep", *argv, "--threads", "1", "--no-progress", "--eager"])
 
 
 def test_the_in_process_sweep_prints_every_point_and_writes_the_json_and_the_plot(
@@ -90,7 +91,7 @@ def test_bad_input_is_one_line_and_exit_2(
 ) -> None:
     assert _run([*argv, "--model", str(tiny_model_dirs["llama"])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("sweep: error: ") and message in err[0]
+    assert len(err) == 1 and err[0].startswith("bench sweep: error: ") and message in err[0]
 
 
 @pytest.mark.slow
@@ -113,10 +114,11 @@ def test_a_sweep_against_our_real_server_times_every_request_at_every_rate(
 
 def test_the_client_times_a_real_vllm_server_chunk_by_chunk_with_its_token_counts(vllm: RunningVllm) -> None:
     caps = [6, 1, 9]
-    bodies = [request_body(vllm.model, [310, 11, 1879 + i], cap, ignore_eos=True) for i, cap in enumerate(caps)]
+    requests = [greedy_request([310, 11, 1879 + i], cap, ignore_eos=True) for i, cap in enumerate(caps)]
     schedule = Schedule.timed([0.0, 0.05, 0.1])
     finished: list[int] = []
-    timings, duration = run_remote_rate(vllm.url, bodies, schedule, lambda: finished.append(1))
+    endpoint = local_endpoint(vllm.url)
+    timings, duration = run_remote_rate(endpoint, vllm.model, requests, schedule, lambda: finished.append(1))
     assert len(finished) == 3 and [timing.output_tokens for timing in timings] == caps
     for timing, cap in zip(timings, caps, strict=True):
         assert timing.served and 1 <= len(timing.chunks) <= cap + 1  # vLLM may bundle tokens, and ends with a chunk

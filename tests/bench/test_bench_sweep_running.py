@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from batching.bench import sweep
+from batching.bench.cli import main
 from batching.sweep import auto_rates
 from tests.serve.helpers import our_server
 from tests.serve.routers import Router, running_router
@@ -44,7 +44,7 @@ def workload(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(argv: list[str]) -> int:
-    return sweep.main([*argv, "--no-progress", "--ignore-eos"])
+    return main(["sweep", *argv, "--no-progress", "--ignore-eos"])
 
 
 def test_two_running_servers_and_the_fleet_behind_vllm_router_are_each_swept_with_their_own_figures(
@@ -107,7 +107,7 @@ def test_bad_input_for_running_servers_is_one_line_and_exit_2(
 ) -> None:
     assert _run([*argv, "--rates", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("sweep: error: ") and message in err[0]
+    assert len(err) == 1 and err[0].startswith("bench sweep: error: ") and message in err[0]
 
 
 def test_two_servers_under_one_name_and_a_refused_key_are_one_line_each(

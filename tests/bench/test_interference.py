@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from batching.bench.interference import main
+from batching.bench.cli import main
 
 
 def test_a_smaller_budget_computes_the_long_prompt_in_more_steps(tiny_model_dirs, tmp_path: Path, capsys) -> None:
     out = tmp_path / "interference.json"
     code = main(
         [
+            "interference",
             "--model",
             str(tiny_model_dirs["llama"]),
             "--budgets",
@@ -32,5 +33,5 @@ def test_a_smaller_budget_computes_the_long_prompt_in_more_steps(tiny_model_dirs
 
 
 def test_a_budget_that_leaves_no_room_for_prompts_is_refused(capsys) -> None:
-    assert main(["--budgets", "8"]) == 2
+    assert main(["interference", "--budgets", "8"]) == 2
     assert "--budgets=8 is not allowed: each must exceed 8 (the slots)" in capsys.readouterr().err

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import torch
 
-from batching.bench.cli import build_parser, load
 from batching.bench.memory import FULL_SLOTS, Config, configs, format_tables, run_config
+from batching.bench.options import load
+from batching.bench.race import race_args
 from config.settings import load_settings
-from tests.bench.test_bench import _json_workload
+from tests.bench.test_race import _json_workload
 
 
 def test_every_run_has_the_kv_memory_of_eight_full_slots_and_the_paged_ones_have_more_slots() -> None:
@@ -33,7 +34,7 @@ def test_runs_report_the_pool_and_the_table_says_how_much_prefix_caching_cut_ttf
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        loaded = load(build_parser().parse_args(["--workload", workload, *common]), load_settings())
+        loaded = load(race_args(["--workload", workload, *common]), load_settings())
         flags = ("--workload", workload, "--batch-size", "3", "--kv-cache-tokens", "640")
         on = run_config(Config("continuous, at once, on", "continuous", flags), loaded, common, repeat=1)
         off_flags = (*flags, "--no-prefix-caching")

@@ -59,11 +59,11 @@ def test_the_benchmark_runs_our_engine_on_a_shape_built_in_the_cache(
     out = tmp_path / "out.json"
     argv = ["--workload", str(workload), "--model-shape", "qwen2-0.5b:1", "--modes", "static,continuous"]
     argv += ["--ignore-eos", "--json", str(out), "--threads", "1", "--no-progress", "--device", "cpu"]
-    assert main(argv) == 0
+    assert main(["race", *argv]) == 0
     result = json.loads(out.read_text())
     assert result["modes"]["continuous"]["outputs_match_static"] is True
     assert (tmp_path / "cache" / "qwen2-0.5b-1" / "config.json").is_file()
-    assert main([*argv[:4], "--model", "builtin", *argv[4:]]) == 2
+    assert main(["race", *argv[:4], "--model", "builtin", *argv[4:]]) == 2
     assert "--model and --model-shape are not allowed together" in capsys.readouterr().err
 
 

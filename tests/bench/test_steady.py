@@ -1,4 +1,4 @@
-"""`python -m batching.bench.steady`: a fresh server under Poisson arrivals, latency by window of arrivals, and how
+"""`python -m batching.bench steady`: a fresh server under Poisson arrivals, latency by window of arrivals, and how
 the engine ran its steps meanwhile."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from batching.bench import steady
+from batching.bench.cli import main
 from utils.metrics.sweep import RequestTiming
 
 
@@ -43,7 +44,7 @@ def test_a_fresh_eager_server_serves_every_request_and_counts_its_steps(
     monkeypatch.setenv("BATCHSCOPE_MODEL__DEVICE", "cpu")
     out = tmp_path / "steady.json"
     argv = ["--rate", "4", "--seconds", "1", "--window", "0.5", "--server-arg=--no-compile", "--json", str(out)]
-    assert steady.main(argv) == 0
+    assert main(["steady", *argv]) == 0
     result = json.loads(out.read_text())
     assert result["served"] == result["requests"] == 4
     assert sum(row["requests"] for row in result["windows"]) == 4
@@ -57,5 +58,5 @@ def test_a_fresh_eager_server_serves_every_request_and_counts_its_steps(
 
 
 def test_a_bad_rate_is_one_line_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
-    assert steady.main(["--rate", "0"]) == 2
-    assert capsys.readouterr().err == "steady: --rate=0 is not allowed: must be > 0\n"
+    assert main(["steady", "--rate", "0"]) == 2
+    assert capsys.readouterr().err == "bench steady: error: --rate=0 is not allowed: must be > 0\n"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from batching.bench.serve_peer import Load, running_server, server_specs
-from batching.bench.vllm_server import NOT_INSTALLED, find_python
+from batching.bench.peers.serve_peer import Load, running_server, server_specs
+from batching.bench.peers.vllm_server import NOT_INSTALLED, find_python
 from batching.engine.batcher import Batcher
 from batching.engine.events import FinishedEvent
 from batching.engine.options import BatcherOptions
@@ -54,7 +54,7 @@ class RunningVllm:
 
 @contextlib.contextmanager
 def serving_benchmark_vllm(folder: Path) -> Iterator[RunningVllm]:
-    """vLLM started exactly as `python -m batching.bench.serve_peer` starts it (SLOTS sequences, 512 tokens a step,
+    """vLLM started exactly as `python -m batching.bench serve-peer` starts it (SLOTS sequences, 512 tokens a step,
     one thread, offline), with one warm-up request; stopped after."""
     spec = server_specs(MODEL, SLOTS, 512, LOAD, folder, vllm_python())["vllm"]
     with running_server(spec, MODEL, folder) as url:

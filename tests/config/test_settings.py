@@ -191,10 +191,10 @@ def test_the_benchmark_cli_warns_about_misspelt_settings_before_anything_else(
     from batching.bench.cli import main
 
     monkeypatch.setenv("BATCHSCOPE_BATCHING__MAX_BATCH_SIZ", "3")
-    assert main(["--workload", "no-such-workload"]) == 2  # bad input, found before a model is loaded
+    assert main(["race", "--workload", "no-such-workload"]) == 2  # bad input, found before a model is loaded
     err = capsys.readouterr().err.splitlines()
     assert err[0] == (
-        "bench: warning: BATCHSCOPE_BATCHING__MAX_BATCH_SIZ (environment variable) is not a setting and is ignored; "
-        "did you mean BATCHSCOPE_BATCHING__MAX_BATCH_SIZE?"
+        "bench race: warning: BATCHSCOPE_BATCHING__MAX_BATCH_SIZ (environment variable) is not a setting and is "
+        "ignored; did you mean BATCHSCOPE_BATCHING__MAX_BATCH_SIZE?"
     )
-    assert err[1].startswith("bench: error: ")
+    assert err[1].startswith("bench race: error: ")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from batching.bench.serve_peer import Load, running_server, server_specs
+from batching.bench.peers.serve_peer import Load, running_server, server_specs
 from batching.engine.events import TokenEvent
 from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason

@@ -11,7 +11,8 @@ from prometheus_client import generate_latest
 
 from batching.engine.blocks import PoolUsage
 from batching.engine.events import MemoryView, StepEvent
-from batching.remote.telemetry import Telemetry, parse_metrics, parse_slots, read_samples, with_slots
+from batching.remote.prometheus import parse_page
+from batching.remote.telemetry import Telemetry, parse_metrics, parse_slots, with_slots
 from batching.serve.metrics import ApiMetrics
 from batching.service import BatcherLoad
 
@@ -90,11 +91,11 @@ def test_our_kv_figures_are_blocks_in_use_and_counters_moved_by_each_steps_runni
     metrics = ApiMetrics(lambda: load)
     for preemptions, queries, hits in ((1, 64, 0), (3, 128, 48), (1, 32, 16)):  # the last: a restarted engine
         metrics.observe_step(_step(preemptions, queries, hits))
-    values = read_samples(generate_latest(metrics.registry).decode())
-    assert values["batchscope:kv_cache_usage_perc"] == [6 / 64]
-    assert values["batchscope:num_preemptions_total"] == [3 + 1]
-    assert values["batchscope:prefix_cache_queries_total"] == [128 + 32]
-    assert values["batchscope:prefix_cache_hits_total"] == [48 + 16]
+    page = parse_page(generate_latest(metrics.registry).decode())
+    assert page.values("batchscope:kv_cache_usage_perc") == [6 / 64]
+    assert page.values("batchscope:num_preemptions_total") == [3 + 1]
+    assert page.values("batchscope:prefix_cache_queries_total") == [128 + 32]
+    assert page.values("batchscope:prefix_cache_hits_total") == [48 + 16]
     assert parse_metrics(generate_latest(metrics.registry).decode()).preemptions == 4.0
 
 

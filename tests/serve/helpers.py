@@ -18,7 +18,7 @@ from pathlib import Path
 
 import openai
 
-from batching.remote.telemetry import read_samples
+from batching.remote.prometheus import read_metrics
 from tests.helpers import ROOT, free_port
 
 
@@ -64,10 +64,9 @@ def our_server(
 
 def served(url: str) -> tuple[int, int]:
     """What our server's /metrics says it has answered so far: (requests finished, tokens generated)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
-        values = read_samples(answer.read().decode())
-    finished = values.get("batchscope:request_success_total", [])  # no sample before its first label
-    return int(sum(finished)), int(sum(values["batchscope:generation_tokens_total"]))
+    page = read_metrics(url)
+    finished = page.values("batchscope:request_success_total")  # no sample before its first label
+    return int(sum(finished)), int(sum(page.values("batchscope:generation_tokens_total")))
 
 
 def openai_client(url: str, key: str = "unused", timeout: float = 60) -> openai.OpenAI:

@@ -95,7 +95,7 @@ def test_two_servers_and_a_fleet_behind_vllm_router_are_swept_from_the_page_on_t
     points, own = (frame.value for frame in at.dataframe)
     assert len(points) == 6 and len(own) == 8 and set(own["engine"]) == {"Batchscope"}
     (command,) = [code.value for code in at.code]
-    assert command.startswith(f"python -m batching.bench.sweep --workload seed-lab --url A={a} --url B={b} ")
+    assert command.startswith(f"python -m batching.bench sweep --workload seed-lab --url A={a} --url B={b} ")
     assert f"--router fleet={router.url}" in command and "--rates 5,50 --requests 4 --seed " in command
     assert not button(at, "Run sweep").disabled and button(at, "Stop").disabled
 

@@ -1,7 +1,7 @@
 """Our OpenAI-compatible server next to `transformers serve --continuous-batching` and vLLM's own server, driven by
 the same load generator.
 
-    python -m batching.bench.serve_peer --rates 2,4,8 --requests 30 --json serve-peer.json
+    python -m batching.bench serve-peer --rates 2,4,8 --requests 30 --json serve-peer.json
 
 Each server runs as a subprocess on a free port with the same model folder, the same number of slots and per-step
 token budget, on CPU with one torch thread (vLLM from its own environment, scripts/install-vllm.sh; without it the
@@ -31,9 +31,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from batching.bench import vllm_server
-from batching.bench.local_server import LocalServer, ServerStartError, log_tail
-from batching.bench.vllm_server import (
+from batching.bench import options
+from batching.bench.options import BadInput
+from batching.bench.peers import vllm_server
+from batching.bench.peers.local_server import LocalServer, ServerStartError, log_tail
+from batching.bench.peers.vllm_server import (
     NOT_INSTALLED,
     VllmNotFoundError,
     VllmSettings,
@@ -41,18 +43,14 @@ from batching.bench.vllm_server import (
     server_command,
     vllm_version,
 )
-from batching.command_line import OneLineParser, text_table
+from batching.command_line import text_table
 from config.settings import SettingsError, load_settings
 
 SERVERS = ("batchscope", "transformers", "vllm")
 PAGE_SIZE = 256  # transformers' continuous-batching page (KV block) size, in tokens
 REPORT_VERSION = 2  # the layout of guidellm's JSON report this parser reads (guidellm 0.8)
 STARTUP_TIMEOUT_S = 180.0
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class ServePeerError(Exception):
-    """Bad input or a server that would not start: one line on stderr, exit code 2."""
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass(frozen=True)
@@ -111,34 +109,31 @@ def _positive_floats(text: str) -> tuple[float, ...]:
     return rates
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        error_type=ServePeerError, prog="python -m batching.bench.serve_peer", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--model", default="model/builtin", help="the model folder both servers load")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The serving peer's flags."""
+    options.add(parser, "--model", "model/builtin", said="model/builtin; a folder every server loads")
     parser.add_argument("--servers", default=",".join(SERVERS), help="comma-separated, from: " + ", ".join(SERVERS))
     parser.add_argument("--rates", type=_positive_floats, default=(2.0, 4.0, 8.0), help="Poisson requests/s")
     parser.add_argument("--no-throughput", action="store_true", help="skip the all-at-once (max throughput) run")
-    parser.add_argument("--requests", type=int, default=30, help="requests per rate (default: %(default)s)")
+    options.add(parser, "--requests", 30)
     parser.add_argument("--prompt-tokens", type=int, default=48, help="mean synthetic prompt length (default: 48)")
     parser.add_argument("--output-tokens", type=int, default=32, help="tokens every answer gets (default: 32)")
     parser.add_argument("--slots", type=int, default=8, help="requests decoded together (default: %(default)s)")
-    parser.add_argument("--max-batched-tokens", type=int, default=512, help="per-step token budget (default: 512)")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds, servers alternating (default: 1)")
+    options.add(parser, "--max-batched-tokens", 512)
+    options.add(parser, "--repeat", 1, said="1; rounds, servers alternating")
     parser.add_argument("--guidellm", help="the guidellm executable (default: the one on PATH)")
-    parser.add_argument("--vllm-python", help="vLLM's environment's Python (default: BATCHSCOPE_PEERS__VLLM_PYTHON)")
-    parser.add_argument("--json", type=Path, help="write settings and every row here")
+    options.add(parser, "--vllm-python", said="BATCHSCOPE_PEERS__VLLM_PYTHON")
+    options.add(parser, "--json", said="none; settings and every row")
     parser.add_argument("--keep-reports", type=Path, help="copy guidellm's own JSON reports into this folder")
-    return parser
 
 
 def build_load(args: argparse.Namespace) -> Load:
-    """The load from the arguments, or a ServePeerError naming the bad value."""
+    """The load from the arguments, or a BadInput naming the bad value."""
     for name in ("requests", "prompt_tokens", "output_tokens", "slots", "max_batched_tokens", "repeat"):
         if getattr(args, name) < 1:
-            raise ServePeerError(f"--{name.replace('_', '-')} {getattr(args, name)} is not allowed: must be 1 or more")
+            raise BadInput(f"--{name.replace('_', '-')} {getattr(args, name)} is not allowed: must be 1 or more")
     if args.prompt_tokens < 8:
-        raise ServePeerError(f"--prompt-tokens {args.prompt_tokens} is not allowed: must be 8 or more")
+        raise BadInput(f"--prompt-tokens {args.prompt_tokens} is not allowed: must be 8 or more")
     return Load(
         rates=args.rates,
         requests=args.requests,
@@ -154,7 +149,7 @@ def parse_servers(text: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     bad = [name for name in names if name not in SERVERS]
     if not names or bad:
-        raise ServePeerError(f"--servers {text!r} is not allowed: choose from {', '.join(SERVERS)}")
+        raise BadInput(f"--servers {text!r} is not allowed: choose from {', '.join(SERVERS)}")
     return names
 
 
@@ -175,13 +170,13 @@ def available_servers(names: Sequence[str], vllm_python: str | None) -> tuple[tu
     try:
         python = find_python(vllm_python or load_settings().peers.vllm_python)
     except (VllmNotFoundError, SettingsError) as exc:
-        raise ServePeerError(str(exc)) from None
+        raise BadInput(str(exc)) from None
     if python is not None:
         return tuple(names), python
     print(NOT_INSTALLED, file=sys.stderr)
     left = tuple(name for name in names if name != "vllm")
     if not left:
-        raise ServePeerError("--servers has no server left to run without vLLM")
+        raise BadInput("--servers has no server left to run without vLLM")
     return left, None
 
 
@@ -317,10 +312,10 @@ def _percentile(metric: dict[str, Any], name: str) -> float:
 
 
 def parse_report(report: dict[str, Any], server: str, round_index: int = 0, load_avg: float = 0.0) -> list[Row]:
-    """Rows from one guidellm JSON report, or a ServePeerError if it is not the layout this reads."""
+    """Rows from one guidellm JSON report, or a BadInput if it is not the layout this reads."""
     version = report.get("metadata", {}).get("version")
     if version != REPORT_VERSION:
-        raise ServePeerError(f"guidellm report version {version!r} is not supported: this reads version 2")
+        raise BadInput(f"guidellm report version {version!r} is not supported: this reads version 2")
     rows = []
     for benchmark in report["benchmarks"]:
         strategy = benchmark["config"]["strategy"]
@@ -433,7 +428,7 @@ def running_server(spec: ServerSpec, model: str, workdir: Path) -> Iterator[str]
     try:
         server.start()
     except ServerStartError as exc:
-        raise ServePeerError(str(exc)) from None
+        raise BadInput(str(exc)) from None
     try:
         # the first request also starts transformers' batching thread: keep that out of the measurement
         _post_json(
@@ -447,16 +442,16 @@ def running_server(spec: ServerSpec, model: str, workdir: Path) -> Iterator[str]
 
 
 def guidellm_binary(given: str | None) -> tuple[str, str]:
-    """The guidellm executable and its version, or a ServePeerError saying how to install it."""
+    """The guidellm executable and its version, or a BadInput saying how to install it."""
     path = given or shutil.which("guidellm")
     if not path or not Path(path).exists():
-        raise ServePeerError(
+        raise BadInput(
             f"guidellm not found ({given or 'not on PATH'}): pip install -r requirements-bench.txt, or --guidellm PATH"
         )
     path = str(Path(path).resolve())  # guidellm runs in a folder of its own: `PATH=.venv/bin:$PATH` is relative
     result = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
-        raise ServePeerError(f"{path} --version failed with code {result.returncode}: {result.stderr.strip()[:200]}")
+        raise BadInput(f"{path} --version failed with code {result.returncode}: {result.stderr.strip()[:200]}")
     return path, result.stdout.strip().rsplit(" ", 1)[-1]
 
 
@@ -486,7 +481,7 @@ def run_guidellm(binary: str, scenario_body: dict[str, Any], workdir: Path, name
             check=False,
         )
     if result.returncode != 0 or not report_path.exists():
-        raise ServePeerError(f"guidellm exited with code {result.returncode} (log {log}): {log_tail(log)}")
+        raise BadInput(f"guidellm exited with code {result.returncode} (log {log}): {log_tail(log)}")
     return dict(json.loads(report_path.read_text()))
 
 
@@ -513,11 +508,12 @@ def settings_lines(load: Load, slots: int, max_batched_tokens: int, version: str
 
 
 def run(args: argparse.Namespace) -> int:
+    """`python -m batching.bench serve-peer`: every server at every load, alternating; the table (and JSON)."""
     load = build_load(args)
     servers, vllm_python = available_servers(parse_servers(args.servers), args.vllm_python)
     model_dir = (ROOT / args.model).resolve()
     if not (model_dir / "config.json").is_file():
-        raise ServePeerError(f"--model {args.model!r} is not a model folder: no config.json in {model_dir}")
+        raise BadInput(f"--model {args.model!r} is not a model folder: no config.json in {model_dir}")
     binary, version = guidellm_binary(args.guidellm)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="serve-peer-") as tmp:
@@ -561,15 +557,3 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return run(build_parser().parse_args(argv))
-    except ServePeerError as exc:
-        print(f"serve_peer: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,8 +18,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from batching.arrivals import Schedule
 from batching.bench.cli import main
-from batching.bench.gguf_convert import GGUFConversionError, convert, float_tensors
-from batching.bench.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
+from batching.bench.peers.gguf_convert import GGUFConversionError, convert, float_tensors
+from batching.bench.peers.llamacpp_peer import NOT_INSTALLED, LlamaCppError, LlamaCppPeer, LlamaCppSettings, find_server
 from batching.engine.request import FinishReason
 from config.settings import ModelSettings
 from model.loader import load_model
@@ -186,7 +186,7 @@ def _workload(folder: Path) -> Path:
 
 
 def _bench(argv: list[str]) -> int:
-    return main([*argv, "--device", "cpu", "--dtype", "float32", "--threads", "1", "--no-progress"])
+    return main(["race", *argv, "--device", "cpu", "--dtype", "float32", "--threads", "1", "--no-progress"])
 
 
 def test_the_benchmark_reports_a_llamacpp_row_like_the_other_modes(
@@ -230,7 +230,7 @@ def test_a_llama_server_path_that_does_not_exist_is_one_line_and_exit_code_2(
     argv = ["--workload", str(_workload(tmp_path)), "--modes", "continuous,llamacpp"]
     assert _bench([*argv, "--llama-server", "/nonexistent/llama-server"]) == 2
     err = capsys.readouterr().err
-    assert err == "bench: error: --llama-server /nonexistent/llama-server: no such executable\n"
+    assert err == "bench race: error: --llama-server /nonexistent/llama-server: no such executable\n"
 
 
 def test_a_model_family_the_converter_does_not_know_is_one_line_and_exit_code_2(
@@ -240,7 +240,7 @@ def test_a_model_family_the_converter_does_not_know_is_one_line_and_exit_code_2(
     argv = ["--workload", str(_workload(tmp_path)), "--modes", "continuous,llamacpp"]
     assert _bench([*argv, "--model", str(family_model_dirs["mistral"])]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("bench: error: llamacpp: model type 'mistral'") and err.count("\n") == 1
+    assert err.startswith("bench race: error: llamacpp: model type 'mistral'") and err.count("\n") == 1
 
 
 def test_a_server_that_cannot_load_its_model_is_reported_with_its_log(

@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from batching.bench.local_server import LocalServer
+from batching.bench.peers.local_server import LocalServer
 
 INSTALL_HINT = "bash scripts/install-vllm.sh"
 NOT_INSTALLED = f"vllm: not installed ({INSTALL_HINT})"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from batching.bench.local_server import LocalServer
+from batching.bench.peers.local_server import LocalServer
 
 SERVER = """
 import http.server, sys

@@ -19,7 +19,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.requests import GenerationOutput
 
 from batching.arrivals import AT_ONCE, Schedule
-from batching.bench.peer_loop import RequestLoop, request_id
+from batching.bench.peers.peer_loop import RequestLoop, request_id
 from batching.engine.detokenizer import decode_text
 from batching.engine.events import FinishedEvent, StepEvent
 from batching.engine.request import FinishReason

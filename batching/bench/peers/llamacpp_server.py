@@ -1,6 +1,6 @@
 """llama.cpp's HTTP server from the xllamacpp wheel, started with the `llama-server` flags the peer uses.
 
-    python -m batching.bench.llamacpp_server -m model.gguf --port 8080 --parallel 8 -c 4096 -t 1 -tb 1 ...
+    python batching/bench/peers/llamacpp_server.py -m model.gguf --port 8080 --parallel 8 -c 4096 -t 1 -tb 1 ...
 
 xllamacpp embeds llama.cpp's own server (the same C++ code as the `llama-server` binary) in a Python extension;
 this entry point gives it the binary's command line, so the peer starts either the same way. It serves until it is
@@ -17,7 +17,7 @@ from typing import Any
 
 
 def build_parser() -> argparse.ArgumentParser:
-    prog = "python -m batching.bench.llamacpp_server"
+    prog = "python batching/bench/peers/llamacpp_server.py"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("-m", "--model", required=True)
     parser.add_argument("--port", type=int, required=True)

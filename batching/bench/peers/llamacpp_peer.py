@@ -25,7 +25,6 @@ import shutil
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,16 +33,18 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from batching.arrivals import Schedule
-from batching.bench.gguf_convert import INSTALL_HINT
-from batching.bench.local_server import LocalServer, ServerStartError
-from batching.bench.peer_loop import RequestLoop, from_queue, request_id
+from batching.bench.peers.gguf_convert import INSTALL_HINT
+from batching.bench.peers.local_server import LocalServer, ServerStartError
+from batching.bench.peers.peer_loop import RequestLoop, from_queue, request_id
 from batching.engine.detokenizer import decode_text
 from batching.engine.events import FinishedEvent
 from batching.engine.request import FinishReason
+from batching.remote.prometheus import read_metrics
 from batching.runs import RunRecord
 
 STARTUP_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 600.0
+DECODE_CALLS = "llamacpp:n_decode_total"  # one per engine step
 NOT_INSTALLED = f"llamacpp: not installed ({INSTALL_HINT})"
 _STOP_REASONS = {"limit": FinishReason.LENGTH, "eos": FinishReason.EOS, "word": FinishReason.STOP}
 
@@ -163,11 +164,10 @@ class LlamaCppPeer:
 
     def decode_calls(self) -> int:
         """How many `llama_decode` calls (engine steps) the server has made so far, from its /metrics."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith("llamacpp:n_decode_total "):
-                    return int(float(line.split()[1]))
-        raise LlamaCppError("llama.cpp's /metrics has no llamacpp:n_decode_total")
+        calls = read_metrics(self.url).total(DECODE_CALLS)
+        if calls is None:
+            raise LlamaCppError(f"llama.cpp's /metrics has no {DECODE_CALLS}")
+        return int(calls)
 
     def run(
         self,

@@ -1,4 +1,5 @@
-"""The benchmark CLI, run in-process on tiny models: its JSON, its arithmetic, its errors, the transformers peer."""
+"""The race (`python -m batching.bench race`), run in-process on tiny models: its JSON, its arithmetic, its errors,
+the transformers peer."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from batching.bench import cli
-from batching.bench.cli import ModeRun, main
+from batching.bench import race
+from batching.bench.cli import main
 from batching.bench.floor import floor_step
+from batching.bench.peers import contenders
+from batching.bench.plan import ModeRun
 from batching.bench.plot import bench_chart
 from batching.bench.report import speedup_figures, step_time_stats
 from batching.engine.events import FinishedEvent, StepEvent
@@ -36,7 +39,7 @@ def _json_workload(folder: Path, batch_size: int = 3) -> Path:
 
 def _run(argv: list[str]) -> int:
     # One thread: on a shared machine a second OpenMP thread can make a tiny forward pass 100x slower.
-    return main([*argv, "--device", "cpu", "--dtype", "float32", "--threads", "1", "--no-progress"])
+    return main(["race", *argv, "--device", "cpu", "--dtype", "float32", "--threads", "1", "--no-progress"])
 
 
 @pytest.fixture(scope="module")
@@ -266,18 +269,18 @@ def test_threads_is_the_most_a_contender_may_use_ours_runs_on_what_its_probe_cho
         seen["ours"].append(torch.get_num_threads())
         return real_run_batcher(*args, **kwargs)
 
-    def start_peer(*args, **kwargs):
+    def start_hf(*args, **kwargs):
         seen["hf"].append(torch.get_num_threads())
-        return real_start_peer(*args, **kwargs)
+        return real_start_hf(*args, **kwargs)
 
-    real_run_batcher, real_start_peer = cli.run_batcher, cli.start_peer
-    monkeypatch.setattr(cli, "pick_threads", probe)
-    monkeypatch.setattr(cli, "run_batcher", run_batcher)
-    monkeypatch.setattr(cli, "start_peer", start_peer)
+    real_run_batcher, real_start_hf = race.run_batcher, contenders.start_hf
+    monkeypatch.setattr(race, "pick_threads", probe)
+    monkeypatch.setattr(race, "run_batcher", run_batcher)
+    monkeypatch.setattr(contenders, "start_hf", start_hf)
     out = tmp_path / "threads.json"
     argv = ["--workload", str(_json_workload(tmp_path, batch_size=2)), "--modes", "continuous,hf", "--model"]
     argv += [str(tiny_model_dirs["llama"]), "--ignore-eos", "--json", str(out), "--device", "cpu", "--no-progress"]
-    assert main([*argv, "--threads", "2"]) == 0
+    assert main(["race", *argv, "--threads", "2"]) == 0
     assert asked == [(2, False)]  # no compiled mode among ours
     assert seen["ours"] and set(seen["ours"]) == {1}
     assert seen["hf"] == [2]
@@ -311,7 +314,7 @@ def test_bad_input_is_one_line_and_exit_code_2(
     assert _run([str(tiny_model_dirs["llama"]) if arg == "TINY" else arg for arg in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert err.startswith("bench: error:")
+    assert err.startswith("bench race: error:")
     assert message in err
 
 
@@ -362,7 +365,7 @@ def test_a_run_in_which_requests_fail_exits_1_and_prints_the_first_error(
     argv = ["--workload", str(_json_workload(tmp_path)), "--modes", "continuous", "--model", str(tmp_path / "nan")]
     assert _run(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("bench: error: continuous run 1: request q0 failed: FloatingPointError")
+    assert err[-1].startswith("bench race: error: continuous run 1: request q0 failed: FloatingPointError")
     assert "NaN" in err[-1]
 
 
@@ -372,7 +375,7 @@ def test_a_model_the_engine_cannot_run_exactly_is_refused_with_exit_code_2(
     assert _run(["--workload", "seed-lab", "--model", str(family_model_dirs["falcon_alibi"])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert err[0].startswith("bench: error: model type falcon is not supported: its ALiBi position biases")
+    assert err[0].startswith("bench race: error: model type falcon is not supported: its ALiBi position biases")
 
 
 def test_the_compiled_mode_and_the_floor_are_reported_with_compile_time_apart(
@@ -414,11 +417,11 @@ def test_the_hf_peer_held_between_runs_stops_its_thread_and_answers_the_same_aft
     """Its generation thread, alive in our process, slowed our two-thread steps 3.7x: it is stopped while other
     contenders run and started again for its own runs, with the same answers."""
     from batching.arrivals import Schedule
-    from batching.bench.hf_peer import HFPeer
+    from batching.bench.peers.hf_peer import HFPeer
     from config.settings import ModelSettings
     from model.loader import load_model
 
-    # Its own model, as the benchmark gives it (`cli.start_peer`): the engine's tests switch a shared one's attention.
+    # Its own model, as the race gives it (`contenders.start_hf`): the engine's tests switch a shared one's attention.
     model = load_model(ModelSettings(name_or_path=str(tiny_model_dirs["llama"]), device="cpu", dtype="float32"))
     prompts = [model.tokenizer(text)["input_ids"] for text in ("Where is my order?", "Hello there")]
     caps = [5, 7]

@@ -1,6 +1,6 @@
 """The serving benchmark's own logic: guidellm's reports read right, equal load for both servers, one-line errors.
 
-The reports under tests/bench/data are real guidellm 0.8.1 output (see its README.md); the figures expected here
+The reports under tests/bench/peers/data are real guidellm 0.8.1 output (see its README.md); the figures expected here
 are the ones guidellm itself printed for them (`guidellm export FILE --output kind=console`), so the parser is
 checked against the tool, not against itself. The slow tests start the real servers: no load generator needed.
 """
@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from batching.bench import serve_peer
-from batching.bench.serve_peer import Load, ServePeerError, format_table, parse_report, scenario, server_specs
+from batching.bench.cli import main
+from batching.bench.options import BadInput
+from batching.bench.peers import serve_peer
+from batching.bench.peers.serve_peer import Load, format_table, parse_report, scenario, server_specs
 from tests.bench.vllm_helpers import RunningVllm
 
 DATA = Path(__file__).parent / "data"
@@ -65,7 +67,7 @@ def test_a_throughput_report_is_labelled_all_at_once_in_the_table() -> None:
 def test_a_report_of_another_layout_is_refused_naming_its_version() -> None:
     report = _report("batchscope-1-throughput")
     report["metadata"]["version"] = 3
-    with pytest.raises(ServePeerError, match="version 3"):
+    with pytest.raises(BadInput, match="version 3"):
         parse_report(report, "batchscope")
 
 
@@ -111,10 +113,10 @@ def test_both_servers_get_the_same_slots_token_budget_and_one_thread(tmp_path: P
 def test_bad_arguments_are_one_line_naming_the_value_and_exit_2(
     argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert serve_peer.main(argv) == 2
+    assert main(["serve-peer", *argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith("serve_peer: error: ") and captured.err.count("\n") == 1
+    assert captured.err.startswith("bench serve-peer: error: ") and captured.err.count("\n") == 1
     assert named in captured.err
 
 
@@ -170,11 +172,11 @@ def test_without_vllm_the_serving_benchmark_says_not_installed_and_runs_the_othe
 ) -> None:
     monkeypatch.delenv("BATCHSCOPE_PEERS__VLLM_PYTHON", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no environment at the default place
-    assert serve_peer.main(["--servers", "batchscope,vllm", "--guidellm", "/nonexistent/guidellm"]) == 2
+    assert main(["serve-peer", "--servers", "batchscope,vllm", "--guidellm", "/nonexistent/guidellm"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "vllm: not installed (bash scripts/install-vllm.sh)"
     assert "/nonexistent/guidellm" in err[1]  # it went on with the other server, as far as the load generator
-    assert serve_peer.main(["--servers", "vllm"]) == 2
+    assert main(["serve-peer", "--servers", "vllm"]) == 2
     assert "no server left to run without vLLM" in capsys.readouterr().err
 
 

@@ -1,14 +1,17 @@
 """The vLLM peer: vLLM's real server (scripts/install-vllm.sh) driven with the benchmark's requests, its answers held
 to our engine's token for token, and the benchmark's vllm mode end to end.
 
-Most tests share the session's server (tests/conftest.py); the benchmark's own run starts one more, as the CLI does.
-Without vLLM they skip, which CI (CI=true) counts as a failure.
+Every test shares the session's one server (tests/conftest.py): the race reaches it as a running server
+(`--vllm-url`), which it leaves running. How the race starts a server of its own and stops it whatever happens is
+checked here on one that fails to start (the race's own start, a Python without vLLM), and on a real server process
+in tests/bench/peers/test_local_server.py. Without vLLM they skip, which CI (CI=true) counts as a failure.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -16,11 +19,12 @@ import pytest
 
 from batching.arrivals import Schedule
 from batching.bench.cli import main
-from batching.bench.vllm_peer import VllmPeer
+from batching.bench.peers.vllm_peer import VllmPeer
 from batching.engine.request import FinishReason
 from model.prompting import format_prompt
-from tests.bench.vllm_helpers import MODEL, RunningVllm, our_answers, vllm_python
+from tests.bench.vllm_helpers import MODEL, RunningVllm, our_answers
 from tests.engine.helpers import loaded
+from tests.helpers import free_port
 from tests.remote.test_remote import QUESTIONS as REMOTE_QUESTIONS
 
 QUESTIONS = REMOTE_QUESTIONS[:6]  # the remote tests' questions, the first six
@@ -91,18 +95,16 @@ def _workload(folder: Path) -> Path:
 
 
 def _bench(argv: list[str]) -> int:
-    return main([*argv, "--device", "cpu", "--dtype", "float32", "--threads", "1", "--no-progress"])
+    return main(["race", *argv, "--device", "cpu", "--dtype", "float32", "--threads", "1", "--no-progress"])
 
 
-@pytest.mark.slow
-def test_the_benchmark_reports_a_vllm_row_like_the_other_modes_and_stops_its_server(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+def test_the_race_reports_a_vllm_row_like_the_other_modes_and_leaves_a_running_server_running(
+    vllm: RunningVllm, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    vllm_python()  # skips when vLLM is not installed
     out = tmp_path / "out.json"
-    before = set(psutil.Process().children(recursive=True))  # the session's own vLLM server may be among them
+    before = set(psutil.Process().children(recursive=True))  # the session's vLLM server among them
     argv = ["--workload", str(_workload(tmp_path)), "--modes", "static,vllm", "--ignore-eos", "--repeat", "2"]
-    assert _bench([*argv, "--model", MODEL, "--json", str(out)]) == 0
+    assert _bench([*argv, "--model", MODEL, "--vllm-url", vllm.url, "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert any(line.split()[0] == "vllm" for line in table.splitlines() if line.strip())
     figures = json.loads(out.read_text())["modes"]["vllm"]
@@ -111,9 +113,22 @@ def test_the_benchmark_reports_a_vllm_row_like_the_other_modes_and_stops_its_ser
     assert all(request["finish_reason"] == "length" for request in figures["requests"])
     assert figures["outputs_match_static"] is True  # token for token, EOS and what follows it included
     assert figures["tokens_per_s"] > 0 and figures["speedup_vs_static"] > 0 and len(figures["wall_s_runs"]) == 2
-    assert figures["cpu_s"] > 0 and figures["policy"] == "fcfs" and figures["steps"] is None
+    assert figures["policy"] == "fcfs" and figures["steps"] is None
+    assert figures["cpu_s"] is None  # a server the race did not start: its processes' CPU time is not known
     assert figures["ttft_s"]["p50"] <= figures["ttft_s"]["p99"] and figures["tpot_s"]["p50"] > 0
-    assert set(psutil.Process().children(recursive=True)) <= before  # its server and engine processes are gone
+    assert set(psutil.Process().children(recursive=True)) == before  # nothing started, nothing stopped
+    with urllib.request.urlopen(f"{vllm.url}/health", timeout=10) as answer:
+        assert answer.status == 200
+
+
+def test_a_vllm_url_with_nothing_listening_is_one_line_and_exit_code_2(
+    tiny_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = ["--workload", str(_workload(tmp_path)), "--modes", "continuous,vllm", "--vllm-url", url]
+    assert _bench([*argv, "--model", str(tiny_model_dirs["llama"])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bench race: error: --vllm-url: cannot connect to {url}") and err.count("\n") == 1
 
 
 def test_without_vllm_the_benchmark_says_not_installed_and_runs_the_other_modes(
@@ -137,7 +152,7 @@ def test_a_vllm_python_that_does_not_exist_is_one_line_and_exit_code_2(
     assert _bench([*argv, "--vllm-python", "/nonexistent/python"]) == 2
     err = capsys.readouterr().err
     expected = "vLLM Python /nonexistent/python: no such executable (bash scripts/install-vllm.sh makes one)"
-    assert err == f"bench: error: {expected}\n"
+    assert err == f"bench race: error: {expected}\n"
 
 
 def test_a_server_that_will_not_start_is_one_line_with_its_log_and_exit_code_2(
@@ -147,5 +162,7 @@ def test_a_server_that_will_not_start_is_one_line_with_its_log_and_exit_code_2(
     argv = ["--workload", str(_workload(tmp_path)), "--modes", "continuous,vllm", "--vllm-python", sys.executable]
     assert _bench([*argv, "--model", str(tiny_model_dirs["llama"])]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("bench: error: vLLM's server exited with code 1 before /health:") and err.count("\n") == 1
+    assert (
+        err.startswith("bench race: error: vLLM's server exited with code 1 before /health:") and err.count("\n") == 1
+    )
     assert "No module named 'vllm'" in err
