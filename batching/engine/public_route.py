@@ -5,8 +5,10 @@ closed (any torch but the checked one, or the setting off), on any torch that ha
 What it gives up against the door (`torch_door.route`; measured in docs/engine.md):
 - the weights stay inputs of the graph, not frozen constants (freezing needs dynamo's private `prepare_freezing`
   while tracing), so the C++ GEMM templates, which need constant weights, are not offered;
-- every size is symbolic (`dynamic=True`), with duck shaping: sizes equal at the trace are one symbol, and a step
-  where they differ misses the graph, runs eager and has it made again for its shape (`StepCompiler.missed`);
+- sizes cannot be marked symbolic one by one (`mark_dynamic` is dynamo's, and `dynamic=True` makes every size
+  symbolic, a model's head count too, which duck shaping then merges with any step size equal to it at the trace,
+  and specialises): the graph is traced once as it comes, then once more with other rows and columns (`warmup`),
+  and dynamo's automatic dynamic shapes make symbolic what differed. Two graphs where the door makes one;
 - inductor's own disk cache keeps the graphs (weights as inputs are not part of its key, and nothing is derived
   from them), but dynamo traces and AOT autograd runs again at each start, and which graphs were read from the cache
   cannot be told: every graph's first step is compared with eager (`graph_cache.check_against_eager`);
@@ -47,12 +49,13 @@ class PublicRoute:
 
     name = "public torch APIs"
     frozen_weights = False
+    marks_sizes = False
 
     def compile(
         self, run: Callable[..., object], options: dict[str, Any], model: PreTrainedModel
     ) -> Callable[..., object]:
         public = {name: value for name, value in options.items() if name not in FROZEN_ONLY}
-        return torch.compile(run, fullgraph=True, dynamic=True, options=public)
+        return torch.compile(run, fullgraph=True, dynamic=None, options=public)
 
     def graphs_only(self, forward: Callable[..., object]) -> Callable[..., object]:
         def run_only(*args: Any, **kwargs: Any) -> object:
@@ -77,7 +80,7 @@ class PublicRoute:
         return contextlib.nullcontext()
 
     def mark_dynamic(self, dynamic: Dims, maybe_dynamic: Dims) -> None:
-        """Nothing: every size is symbolic already (`dynamic=True`)."""
+        """Nothing: a second trace of other sizes makes them symbolic (`marks_sizes`)."""
 
     def cache_hits(self) -> int | None:
         return None

@@ -47,6 +47,7 @@ class CompileRoute(Protocol):
 
     name: str
     frozen_weights: bool  # the weights are constants of the graph (and so the C++ GEMM templates are offered)
+    marks_sizes: bool  # sizes are marked symbolic (`mark_dynamic`); else a second trace of other sizes makes them so
 
     def compile(
         self, run: Callable[..., object], options: dict[str, Any], model: PreTrainedModel

@@ -77,9 +77,10 @@ def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_bre
     outputs = run_with_late_arrivals(batcher, prompts, CAPS, late_from=4, join_at_step=3, ignore_eos=True)
     for i, want in enumerate(expected):
         assert outputs[i] == want, f"request {i} (prompt {len(prompts[i])}, cap {CAPS[i]}) differs"
-    # Histories from under 32 to over 90 columns, rows from 4 down to 1: still the one graph made up front.
+    # Histories from under 32 to over 90 columns, rows from 4 down to 1: still the one graph made up front (two on
+    # the public route: traced as it came, then with other sizes, which dynamo made symbolic).
     assert batcher.runner.compiled_steps - compiled_before > 40
-    assert counters["stats"]["unique_graphs"] - graphs <= 1
+    assert counters["stats"]["unique_graphs"] - graphs <= (1 if door_open() else 2)
     assert sum(counters["graph_break"].values()) == breaks
 
 

@@ -41,6 +41,7 @@ class InternalRoute:
 
     name = "torch internals"
     frozen_weights = True
+    marks_sizes = True
 
     def compile(
         self, run: Callable[..., object], options: dict[str, Any], model: PreTrainedModel
