@@ -189,6 +189,12 @@ class EngineSettings(BaseModel):
     compile_cache_dir: Path | None = Field(
         None, description="compiled graphs kept on disk; default: <user cache>/batchscope/torch-compile"
     )
+    torch_internals: bool = Field(
+        True,
+        description="compiled steps through torch's private internals (frozen weights, graphs called directly, a "
+        "second start that only traces) where the running torch is the one they were checked on; off, or on any "
+        "other torch: public torch APIs only (torch.compile), the same answers, slower",
+    )
 
     @model_validator(mode="before")
     @classmethod

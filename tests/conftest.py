@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from batching.engine.torch_gate import allow_internals
+from config.settings import load_settings
 from tests.bench.vllm_helpers import RunningVllm, serving_benchmark_vllm
 from tests.engine.families import FAMILIES
 from tests.helpers import KEEP_EAGER
@@ -24,6 +26,9 @@ os.environ.setdefault(KEEP_EAGER, "false")
 # matrix took 491 s on two threads and 33 s on one, with other work on the machine). Tests of thread counts set
 # their own.
 torch.set_num_threads(1)
+# The door to torch's internals as the settings say, as every entry point does: BATCHSCOPE_ENGINE__TORCH_INTERNALS=false
+# runs the engine's tests on public torch APIs only (tests of the door's own pieces skip then).
+allow_internals(load_settings().engine.torch_internals)
 
 
 @pytest.fixture(scope="session")

@@ -266,7 +266,14 @@ STEP_PARTS = [
     "batching.engine.warmup",
     "batching.engine.runner",
 ]
-HOW_STEPS_RUN = {"batching.engine.compiled", "batching.engine.direct_call", "batching.engine.cuda_graphs"}
+HOW_STEPS_RUN = {
+    "batching.engine.compiled",
+    "batching.engine.cuda_graphs",
+    "batching.engine.torch_gate",
+    "batching.engine.public_route",
+    "batching.engine.torch_door",
+    "batching.engine.torch_door.direct_call",
+}
 
 
 @pytest.mark.parametrize("index", range(len(STEP_PARTS)), ids=STEP_PARTS)
@@ -283,3 +290,50 @@ def test_what_a_step_computes_knows_nothing_of_how_it_runs(module: str) -> None:
 
 def test_how_a_step_runs_never_builds_one() -> None:
     assert "batching.engine.step_builder" not in GRAPH["batching.engine.step_call"]
+
+
+# The door to torch's internals: only its gate opens it, and only inside a function (when compiled steps are asked
+# for on the torch it was checked on), so nothing that imports the engine imports torch's private modules with it.
+DOOR = "batching.engine.torch_door"
+DOOR_GATE = "batching.engine.torch_gate"
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The modules `path` imports at its top level (not inside a function or class)."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+    return found
+
+
+def _is_door(module: str) -> bool:
+    return module == DOOR or module.startswith(DOOR + ".")
+
+
+def test_nothing_outside_the_door_imports_it_but_its_gate_and_the_gate_only_when_asked() -> None:
+    helpers = ROOT / "tests" / "engine" / "helpers.py"
+    files = {**{name: path for name, path in MODULES.items() if not _is_door(name)}, "tests.engine.helpers": helpers}
+    for module, path in files.items():
+        everywhere = {imp for imp in _imports(path) if _is_door(imp)}
+        assert not everywhere, f"{module} imports the door: {sorted(everywhere)}"
+        assert not {imp for imp in _top_level_imports(path) if _is_door(imp)}, module
+    assert f'DOOR = "{DOOR}"' in MODULES[DOOR_GATE].read_text(encoding="utf-8")  # opened by name, in `_choose`
+
+
+def test_torchs_private_names_appear_in_the_door_alone() -> None:
+    """`grep -rn "torch\\._" batching/` finds the door's files and nothing else (code, docstrings and comments)."""
+    outside = []
+    for path in sorted((ROOT / "batching").rglob("*.py")):
+        if _is_door(_module_name(path)):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "torch._" in line:
+                outside.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not outside, "torch's private names outside the door:\n" + "\n".join(outside)
+    assert any(
+        "torch._" in path.read_text(encoding="utf-8")
+        for path in (ROOT / "batching" / "engine" / "torch_door").glob("*.py")
+    )

@@ -188,7 +188,8 @@ def run(options: argparse.Namespace) -> int:
     """`python -m batching.bench gpu-check`: the graphs, then each step the deadline leaves room for, in order."""
     options.out.mkdir(parents=True, exist_ok=True)
     check = Check(options)
-    machine = f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}, torch {torch.__version__}"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    machine = f"{device}, torch {torch.version.__version__}"
     print(f"gpu check: {machine}, transformers {transformers.__version__}, model loaded", flush=True)
     check.compile_graphs()
     if options.pack_cache:

@@ -62,6 +62,7 @@ from batching.engine.params import RequestParams
 from batching.engine.request import FinishReason, Request
 from batching.engine.scheduler import ADMISSIONS
 from batching.engine.threads import pick_threads, torch_threads
+from batching.engine.torch_gate import allow_internals, compile_route
 from batching.runs import ScheduledRun
 from config.settings import Settings, load_settings, setting_warnings
 from model.loader import LoadedModel
@@ -341,6 +342,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     for line in setting_warnings():
         print(f"bench race: warning: {line}", file=sys.stderr)
     settings = load_settings()
+    allow_internals(settings.engine.torch_internals)
     inputs, found = find_llamacpp(args, check_flags(args))  # bad input is reported before the model is loaded
     if args.model_shape:
         if args.model:
@@ -395,6 +397,7 @@ def race(
         "modes": modes,
         "first_error": first_error(runs),
         "compile_s": compile_s,
+        "compile_route": compile_route()[0].line if compile_s is not None else None,
         "cuda_graphs": dict(cuda_graphs.STATS) if loaded.device.type == "cuda" else None,
         "floor": floor,
         "threads": None if threads is None else {"ours": ours_threads, "most": threads.most, "probe": threads.line()},
@@ -441,6 +444,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_report(result))
     if result["compile_s"] is not None:
         print(f"compile: the compiled mode's graphs took {result['compile_s']:.1f} s, outside the run times")
+        print(f"compile: {result['compile_route']}")
     if result["cuda_graphs"] is not None:
         graphs = result["cuda_graphs"]
         print(

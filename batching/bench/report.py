@@ -192,7 +192,7 @@ def machine_info(loaded: LoadedModel) -> dict:
     return {
         **host_info(),
         "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
+        "torch": torch.version.__version__,
         "transformers": transformers.__version__,
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).removeprefix("torch."),

@@ -8,13 +8,15 @@ and the benchmark do); until it is ready, steps run eager, and for good once it 
 time (that step reruns eager). The thread sleeps while `pause_compiles(True)` holds (the engine holds it whenever a
 batcher has work), so no step shares the interpreter with a compile. Steps with prompt chunks have a graph of their
 own (`StepKind` "mixed", see `runner`), used for the steps `fits_prompt_graph` admits. Once a graph's first calls
-agree with it, the runner calls it directly, without `torch.compile`'s entry (`direct_call`).
+agree with it, the runner calls it directly, without `torch.compile`'s entry (`torch_door.direct_call`). How graphs
+are made and run (torch's internals, or its public APIs only) is the process's route (`torch_gate`).
 
 A ready graph is never switched off, and no step ever compiles: steps call the graphs in dynamo's run-only mode
-(`StepCompiler.graphs_only`), which runs a step its guards admit through its graph, runs any other step as the
-model's own code, eager, and never takes dynamo's compile lock (which a compile in another thread, perhaps paused,
-holds for its whole length). A step no graph admitted (a guard miss) says it ran eager, and the graph is made again
-for that step's shape in the background (`StepCompiler.missed`, at most `MAX_REMAKES` times).
+(`StepCompiler.graphs_only`; the stance `eager_on_recompile` on the public route), which runs a step its guards
+admit through its graph, runs any other step as the model's own code, eager, and never takes dynamo's compile lock
+(which a compile in another thread, perhaps paused, holds for its whole length). A step no graph admitted (a guard
+miss) says it ran eager, and the graph is made again for that step's shape in the background
+(`StepCompiler.missed`, at most `MAX_REMAKES` times).
 """
 
 from __future__ import annotations
@@ -33,20 +35,12 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
-import torch.fx.experimental._config as fx_config
 from transformers import PreTrainedModel
 
-from batching.engine.direct_call import DirectPath
-from batching.engine.frozen_graphs import FrozenGraphBackend
-from batching.engine.graph_cache import (
-    GraphCacheKey,
-    cache_frozen_mkldnn_weights,
-    cache_hits,
-    check_against_eager,
-    clear_cache,
-    graph_cache_key,
-)
-from batching.engine.sampling import greedy_choices
+from batching.engine.direct_path import DirectPath
+from batching.engine.graph_cache import UntrustedGraph, check_against_eager
+from batching.engine.step_forward import run_model
+from batching.engine.torch_gate import CompileRoute, compile_route
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +75,7 @@ def fits_prompt_graph(tokens: int, longest_chunk: int, through_tables: bool = Fa
 # MKL; 28 s to compile); 1.31x with `max_autotune` choosing inductor's C++ GEMM templates for the linear layers
 # (70 s to compile: each template is timed against the packed MKL call, which it beat 1.3-9x at 8 rows).
 # - Freezing only takes effect with dynamo's `prepare_freezing` on while the graph is traced (else the weights
-#   stay graph inputs): see `StepCompiler._make`.
+#   stay graph inputs): the door's route does (`torch_door.route`), the public route cannot.
 # - The C++ wrapper calls the kernels without Python between them.
 # - Guards on the model's modules are skipped (its weights are constants of the graph and it never trains): the
 #   guard check went from 0.24-0.43 ms a step to 0.1 ms.
@@ -137,8 +131,11 @@ def templates_beside(model: torch.nn.Module, autotune: bool, kind: StepKind) -> 
 
 def _largest_linear(model: torch.nn.Module, autotune: bool, kind: StepKind) -> int | None:
     """The elements of `model`'s largest linear weight where its `kind` graph may take the C++ templates alone (an
-    autotuned decode graph on a CPU of a model whose matrices are linear layers' and embeddings'), else None."""
+    autotuned decode graph on a CPU of a model whose matrices are linear layers' and embeddings', its weights frozen
+    into the graph: the templates need constant weights), else None."""
     if not autotune or kind != "decode" or next(model.parameters()).device.type != "cpu":
+        return None
+    if not compile_route()[1].frozen_weights:
         return None
     linear = {
         id(module.weight): module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear)
@@ -150,7 +147,8 @@ def _largest_linear(model: torch.nn.Module, autotune: bool, kind: StepKind) -> i
     return max(linear.values())
 
 
-_compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[bool, StepKind, bool], Callable[..., object]]] = (
+ForwardKey = tuple[bool, StepKind, bool, str]  # autotune, kind, templates, route
+_compiled: weakref.WeakKeyDictionary[torch.nn.Module, dict[ForwardKey, Callable[..., object]]] = (
     weakref.WeakKeyDictionary()
 )
 CompilerKey = tuple[int, int, bool, StepKind, bool | None]  # capacity, block size, autotune, kind, second graph
@@ -224,47 +222,40 @@ def use_compile_cache(folder: Path | None = None) -> Path:
 
 
 def compiled_forward(
-    model: PreTrainedModel, autotune: bool, kind: StepKind = "decode", templates: bool = False
+    model: PreTrainedModel,
+    autotune: bool,
+    kind: StepKind = "decode",
+    templates: bool = False,
+    route: CompileRoute | None = None,
+    renew: bool = False,
 ) -> Callable[..., object]:
-    """One compiled forward per model, autotune choice, step kind and GEMM choice (`templates`: the C++ templates
-    only, `templates_only`), shared by every batcher on it: call it with the model, then its inputs.
+    """One compiled forward per model, autotune choice, step kind, GEMM choice (`templates`: the C++ templates
+    only, `templates_only`) and route (default: the process's), shared by every batcher on it: call it with the
+    model, then its inputs. `renew`: a new one in place of the one kept (whose graphs cannot be dropped).
 
     Each model gets a code object of its own to compile: dynamo keeps its graphs on the code object it starts
     from, and its guards cannot tell two models of one class apart (a model is guarded by type, not identity), so
     through `model.forward` a second model would run the first one's graph, with the first one's weights frozen in.
     Each kind too, so a decode step checks the decode graph's guards only.
     """
+    route = route or compile_route()[1]
     with _lock:
         forwards = _compiled.setdefault(model, {})
-        forward = forwards.get((autotune, kind, templates))
+        key = (autotune, kind, templates, route.name)
+        forward = None if renew else forwards.get(key)
         if forward is None:
-            code = _run_model.__code__.replace(co_name=f"_run_model_{next(_model_numbers)}")
-            run = types.FunctionType(code, _run_model.__globals__, code.co_name)
+            code = run_model.__code__.replace(co_name=f"run_model_{next(_model_numbers)}")
+            run = types.FunctionType(code, run_model.__globals__, code.co_name)
             options = {
                 **COMPILE_OPTIONS,
                 **(AUTOTUNE_OPTIONS if autotune else {}),
                 **(TEMPLATES_ONLY if templates else {}),
             }
-            key = graph_cache_key(model)
-            options["post_grad_custom_post_pass"] = GraphCacheKey(key)  # see `graph_cache`
-            cache_frozen_mkldnn_weights()
             if model.device.type == "cuda" and kind == "decode":
                 options.update(CUDA_DECODE_OPTIONS)
-            guard_filter_fn = options.pop("guard_filter_fn")
-            # `torch.compile(run, fullgraph=True, dynamic=None, options=options)`, with inductor as its backend
-            # keeping what AOT autograd and freezing made for a later start (`frozen_graphs`).
             # Not bound to the model (it is passed at each call): the weak dictionary does not keep its own key alive.
-            forward = forwards[autotune, kind, templates] = torch._dynamo.optimize(
-                backend=FrozenGraphBackend(options, key), nopython=True, dynamic=None, guard_filter_fn=guard_filter_fn
-            )(run)
+            forward = forwards[key] = route.compile(run, options, model)
         return forward
-
-
-def _run_model(model: PreTrainedModel, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's logits `[rows, vocab]`, and each row's greedy choice made in the graph (`greedy_choices`): outside
-    it, the reductions and argmax cost 0.1 ms a step on the embedded model, 5% of a seed-blog run."""
-    logits = model(**inputs).logits[0]
-    return logits, greedy_choices(logits)
 
 
 # Runs one step of a bucket through a compiled forward, which makes its graph; given the compiler (the first time a
@@ -349,19 +340,24 @@ class StepCompiler:
     ) -> None:
         # The main graph's kernels follow `templates_only`, and where the templates alone cannot make it, it is made
         # with every kernel; a second graph (`templates` set: `templates_beside`) is the templates' or nothing.
+        self.route = compile_route()[1]  # how its graphs are made and run (`torch_gate`)
         self.second = templates is not None
         self.templates = templates_only(model, autotune, kind) if templates is None else templates
-        self.forward = compiled_forward(model, autotune, kind, self.templates)
+        self.forward = compiled_forward(model, autotune, kind, self.templates, self.route)
         model_ref = weakref.ref(model)  # the compilers of a model are kept beside it, weakly: no cycle through here
-        self._every_kernel = lambda: compiled_forward(cast(PreTrainedModel, model_ref()), autotune, kind)
+        self._forward_of = lambda templates, renew=False: compiled_forward(
+            cast(PreTrainedModel, model_ref()), autotune, kind, templates, self.route, renew
+        )
         self.kind = kind
         self.capacity = capacity
         # Columns are rounded to whole blocks and to KV_STEP (both powers of two).
         self.column_step = max(KV_STEP, block_size)
         self.compile_s: float | None = None  # how long making the graph took, once made
+        self.from_cache: bool | None = None  # whether it was read from the disk cache (None: cannot be told)
         self.failed = False
         self.remakes = 0  # background re-makes after guard misses (`missed`)
-        self.direct = DirectPath()  # the graph called without torch.compile's entry (see `direct_call`)
+        self.device = model.device
+        self.direct = self._direct_path()  # the graph called without torch.compile's entry, where it may be
         self._warm = warm
         self._graphs_only: tuple[Callable[..., object], Callable[..., object]] | None = None  # (forward, its run-only)
         self._ready = threading.Event()
@@ -396,15 +392,19 @@ class StepCompiler:
         self.start()
         return None
 
+    def _direct_path(self) -> DirectPath:
+        """A fresh direct path; given up from the start where the route calls no graph directly."""
+        return DirectPath(failed=not self.route.direct_calls(self.device))
+
     def graphs_only(self) -> Callable[..., object]:
-        """`forward` in dynamo's run-only mode (`torch._dynamo.run`): a call its graphs' guards admit runs a graph, any
+        """`forward` in run-only mode (`CompileRoute.graphs_only`): a call its graphs' guards admit runs a graph, any
         other runs the model's own code, eager, instead of compiling inside the step (tens of seconds, every request
         stalled, and waiting on dynamo's compile lock, which a compile in another thread holds). The runner tells the
-        two apart by whether a graph was called (`direct_call.watching_graph_calls`)."""
+        two apart by the call's answer (`step_forward.ran_graph`)."""
         forward = self.forward
         kept = self._graphs_only
         if kept is None or kept[0] is not forward:
-            kept = self._graphs_only = (forward, torch._dynamo.run(forward))
+            kept = self._graphs_only = (forward, self.route.graphs_only(forward))
         return kept[1]
 
     def start(self) -> None:
@@ -469,28 +469,14 @@ class StepCompiler:
         self._started = True
         remaking = self._ready.is_set()
         start = time.perf_counter()
-        hits = cache_hits()
+        hits = self.route.cache_hits()
         try:
             try:
                 self._trace(bucket, first=not remaking)
             except Exception as exc:
-                if cache_hits() == hits:
+                if not self._from_cache(exc, hits):
                     raise
-                first_line = _first_line(exc)
-                logger.warning(
-                    "the %s's graph read from the compile cache could not be used (%s: %s): the cache is cleared "
-                    "and the graph compiled afresh",
-                    self.what,
-                    type(exc).__name__,
-                    first_line,
-                )
-                # The graph dynamo installed from it is dropped too (the ready one with it, when remaking: made again),
-                # and a direct call made from it (the warm-up makes one, `warmup.make_direct_call`).
-                code = getattr(getattr(self.forward, "_torchdynamo_orig_callable", None), "__code__", None)
-                if code is not None:
-                    torch._dynamo.reset_code(code)
-                self.direct = DirectPath()
-                clear_cache()
+                self._afresh(exc)
                 self._trace(bucket, first=not remaking)
                 if remaking and bucket is not None:
                     self._trace(None, first=False)
@@ -507,6 +493,30 @@ class StepCompiler:
             return
         self._done(start, hits, remaking)
 
+    def _from_cache(self, exc: Exception, hits: int | None) -> bool:
+        """Whether a failure of the graph's making may be a graph read from the disk cache: one was read (where the
+        route can tell), or the graph disagreed with eager (where it cannot)."""
+        now = self.route.cache_hits()
+        return isinstance(exc, UntrustedGraph) if now is None or hits is None else now != hits
+
+    def _afresh(self, exc: Exception) -> None:
+        """After a graph read from the cache failed: the cache cleared, the graph to be compiled afresh."""
+        first_line = _first_line(exc)
+        logger.warning(
+            "the %s's graph read from the compile cache could not be used (%s: %s): the cache is cleared and the "
+            "graph compiled afresh",
+            self.what,
+            type(exc).__name__,
+            first_line,
+        )
+        # The graph dynamo installed from it is dropped too (the ready one with it, when remaking: made again; where
+        # the route cannot drop it, the compiler takes a new forward), and a direct call made from it (the warm-up
+        # makes one, `warmup.make_direct_call`).
+        if not self.route.forget(self.forward):
+            self.forward = self._forward_of(self.templates, True)
+        self.direct = self._direct_path()
+        self.route.clear_cache()
+
     def _with_every_kernel(self, exc: Exception, bucket: Bucket | None) -> bool:
         """After the C++ templates alone could not make the graph: make it with every kernel (True once made)."""
         first_line = _first_line(exc)
@@ -517,8 +527,8 @@ class StepCompiler:
             first_line,
         )
         self.templates = False
-        self.forward = self._every_kernel()
-        self.direct = DirectPath()
+        self.forward = self._forward_of(False)
+        self.direct = self._direct_path()
         try:
             self._trace(bucket, first=True)
         except Exception as again:
@@ -526,10 +536,13 @@ class StepCompiler:
             return False
         return True
 
-    def _done(self, start: float, hits: int, remaking: bool) -> None:
-        """Log the graph made; the first time, it is ready."""
+    def _done(self, start: float, hits: int | None, remaking: bool) -> None:
+        """Log the graph made (read from the cache or compiled, where the route can tell); the first time, it is
+        ready."""
         seconds = time.perf_counter() - start
-        source = "read from the compile cache" if cache_hits() > hits else "compiled"
+        now = self.route.cache_hits()
+        self.from_cache = None if now is None or hits is None else now > hits
+        source = {True: "read from the compile cache", False: "compiled", None: "made"}[self.from_cache]
         if remaking:
             logger.info("%ss of %d rows made again in %.1f s (%s)", self.what, self.capacity, seconds, source)
             return
@@ -540,10 +553,8 @@ class StepCompiler:
     def _trace(self, bucket: Bucket | None, first: bool) -> None:
         """One step of `bucket` through the compiled forward (which makes its graph, or reads it from the disk cache
         and checks it against eager); `first`: the graph's first making, which also makes its direct call."""
-        forward = check_against_eager(self.forward, _run_model)
-        # Freezing folds the weights into the graph only if dynamo records them as the model's parameters.
-        # No duck shaping: rows and blocks equal when the graph is traced (4 and 4) must not become one symbol.
-        with torch._dynamo.config.patch(prepare_freezing=True), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+        forward = check_against_eager(self.route.making(self.forward), run_model, self.route.cache_hits)
+        with self.route.tracing():
             self._warm(forward, bucket or (self.capacity, 2 * self.column_step), self if first else None)
 
     @property

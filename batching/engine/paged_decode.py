@@ -30,6 +30,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,13 +103,15 @@ def load() -> bool:
 
             name, flags = build_target()
             _put_ninja_on_path()
-            with _builder_lock(name):
+            folder = build_folder(name)
+            with _builder_lock(folder):
                 load_inline(
                     name,
                     cpp_sources=SOURCE.read_text(),
                     is_python_module=False,
                     extra_cflags=flags,
                     extra_ldflags=["-fopenmp"],
+                    build_directory=str(folder),
                 )
         except Exception as exc:  # a machine without g++ or ninja runs the gathered path
             first_line = (str(exc).strip().splitlines() or [""])[0]
@@ -121,9 +124,27 @@ def load() -> bool:
         return True
 
 
+def build_folder(name: str) -> Path:
+    """Where extension `name` is built, as torch's builder places it by default (made if missing): under
+    `TORCH_EXTENSIONS_DIR`, else under torch's build root in a folder per Python and torch build (a CPU and a CUDA
+    torch never share a build)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        from torch.utils.cpp_extension import get_default_build_root
+
+        accelerator = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        if torch.version.hip:
+            accelerator = f"rocm{torch.version.hip.replace('.', '')}"
+        root = str(Path(get_default_build_root()) / f"py{sys.version_info.major}{sys.version_info.minor}_{accelerator}")
+    folder = Path(root) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @contextlib.contextmanager
-def _builder_lock(name: str) -> Iterator[None]:
-    """Hold the machine-wide build lock for extension `name`, clearing the file lock a killed build left behind.
+def _builder_lock(folder: Path) -> Iterator[None]:
+    """Hold the machine-wide build lock for the extension built in `folder`, clearing the file lock a killed build
+    left behind.
 
     torch's builder marks a build (and even a load of an up-to-date one) with a `lock` file in the build folder and
     waits, with no end, while that file exists; a process killed meanwhile (Ctrl-C on a first start, a test run cut
@@ -133,9 +154,6 @@ def _builder_lock(name: str) -> Iterator[None]:
     if fcntl is None:  # not POSIX: a dead build's lock file is left to torch
         yield
         return
-    from torch.utils.cpp_extension import _get_build_directory
-
-    folder = Path(_get_build_directory(name, verbose=False))
     with (folder / "batchscope.flock").open("a") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
         stale = folder / "lock"

@@ -1,8 +1,10 @@
 """How a built step runs: eager, through the compiled graphs (`torch.compile`'s entry in run-only mode), or its graph
-called directly (`direct_call`), and on a GPU a decode step replayed from its CUDA graph (`cuda_graphs`).
+called directly (where the route has direct calls: `torch_gate`), and on a GPU a decode step replayed from its CUDA
+graph (`cuda_graphs`).
 
-What the step computes is `step_builder`'s; the caller only says which way it ran (`StepAnswer.path`) and keeps a
-compiled step's greedy choices, which the graph makes.
+What the step computes is `step_builder`'s; the caller only says which way it ran (`StepAnswer.path`: it knows
+which callable it called, and a compiled forward's answer says whether a graph ran it, `step_forward.ran_graph`)
+and keeps a compiled step's greedy choices, which the graph makes.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from transformers import PreTrainedModel
 from batching.engine.attention import PackedPlan
 from batching.engine.compiled import Bucket, StepCompiler
 from batching.engine.cuda_graphs import DecodeGraphs, Outputs
-from batching.engine.direct_call import DirectCall, DirectPath, direct_calls_supported, watching_graph_calls
+from batching.engine.direct_path import DirectGraph, DirectPath
 from batching.engine.events import StepPath
 from batching.engine.kv_cache import PagedKVCache
 from batching.engine.sampling import greedy_list
+from batching.engine.step_forward import ran_graph
 from batching.engine.step_inputs import Signature, StepInputs
+from batching.engine.torch_gate import compile_route
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +35,8 @@ logger = logging.getLogger(__name__)
 DIRECT_CHECKS = 3
 DIRECT_TRIES = 8
 
-Step = Callable[..., object]  # a compiled forward: `step(model, **inputs)`
+Step = Callable[..., object]  # a compiled forward: `step(model, **inputs)`, answering as `step_forward.run_model`
+Ran = tuple[Sequence[Any], StepPath]  # a compiled call's answer (`run_model`'s, or a direct call's two), how it ran
 
 
 @dataclass
@@ -52,7 +57,6 @@ class StepCaller:
 
     def __init__(self, model: PreTrainedModel, cache: PagedKVCache, cache_kwarg: str) -> None:
         self.model = model
-        self.direct_calls = direct_calls_supported(model.device)  # read once: a model's device is found each time
         self.cache = cache
         self.cache_kwarg = cache_kwarg
         # A prepared 4D mask is passed through by the model untouched; the real masks travel in the plan.
@@ -74,14 +78,17 @@ class StepCaller:
             output: Any = self.model(**kwargs)
             return StepAnswer(output.logits[0, :rows].float(), None, "eager")
         if trace:
-            inputs.mark_dynamic()
+            route = compiler.route if compiler is not None else compile_route()[1]
+            route.mark_dynamic(inputs.dynamic, inputs.maybe_dynamic)
         ran = None
-        if compiler is not None:
+        if compiler is not None and not compiler.direct.failed and self.cache.recurrent_states is None:
+            # (a hybrid's states are not checked: the normal call)
             roles, signature = inputs.roles(self.placeholder_mask, self.cache.pools())
-            ran = self._direct(compiler.direct, step, roles, signature, kwargs)
+            ran = self._direct(compiler, step, roles, signature, kwargs)
         if ran is None:
             ran = self._through_graphs(step, kwargs)
-        (logits, greedy), path = ran
+        outputs, path = ran
+        logits, greedy = outputs[0], outputs[1]
         return StepAnswer(logits[:rows].float(), greedy_list(greedy[:rows]), path)
 
     def replay(
@@ -104,7 +111,7 @@ class StepCaller:
         assert isinstance(inputs.plan, PackedPlan)  # a decode step's
         plan, kwargs = inputs.plan, self.kwargs(inputs)
         outputs, path = self._through_graphs(step, kwargs)
-        called = cast(Outputs, tuple(outputs))
+        called = cast(Outputs, tuple(outputs[:2]))
         if path == "compiled":
             run = self._graph_run(step, kwargs, plan)
             graphs.capture(
@@ -119,37 +126,37 @@ class StepCaller:
 
         def run() -> Outputs:
             plan.forget_masks()
-            with watching_graph_calls() as seen:
-                outputs = cast(Outputs, step(self.model, **kwargs))
-            if not seen:
+            outputs = cast(Sequence[Any], step(self.model, **kwargs))
+            if not ran_graph(outputs):
                 raise GraphRefused("the compiled graph's guards refused the step, which ran eager")
-            return outputs
+            return cast(Outputs, tuple(outputs[:2]))
 
         return run
 
-    def _through_graphs(self, step: Step, kwargs: dict[str, Any]) -> tuple[Sequence[torch.Tensor], StepPath]:
+    def _through_graphs(self, step: Step, kwargs: dict[str, Any]) -> Ran:
         """The step through `step` (the graphs in run-only mode, `StepCompiler.graphs_only`): "compiled" when a graph
         ran, "eager" when none admitted the step and the model's own code ran."""
-        with watching_graph_calls() as seen:
-            outputs = cast(Sequence[torch.Tensor], step(self.model, **kwargs))
-        return outputs, "compiled" if seen else "eager"
+        outputs = cast(Sequence[Any], step(self.model, **kwargs))
+        return outputs, "compiled" if ran_graph(outputs) else "eager"
 
     def _direct(
-        self, path: DirectPath, step: Step, roles: list[torch.Tensor], signature: Signature, kwargs: dict[str, Any]
-    ) -> tuple[Sequence[torch.Tensor], StepPath] | None:
+        self,
+        compiler: StepCompiler,
+        step: Step,
+        roles: list[torch.Tensor],
+        signature: Signature,
+        kwargs: dict[str, Any],
+    ) -> Ran | None:
         """The step through its graph called directly once the call is made and checked; until then through
         `torch.compile`, watched to make the call, then run both ways to check it. None: the normal call."""
-        if path.failed or self.cache.recurrent_states is not None:  # a hybrid's states are not checked: normal call
-            return None
-        if not self.direct_calls:
-            return None
+        path = compiler.direct
         call = path.call
         if call is None:
-            with watching_graph_calls() as seen:
-                outputs = cast(Sequence[torch.Tensor], step(self.model, **kwargs))
-            if not seen:  # no graph admitted the step: it ran eager, and says so; no recipe to make
+            with compiler.route.watching() as seen:
+                outputs = cast(Sequence[Any], step(self.model, **kwargs))
+            if not ran_graph(outputs):  # no graph admitted the step: it ran eager, and says so; no recipe to make
                 return outputs, "eager"
-            path.call = DirectCall.of(step, *seen[0], roles) if len(seen) == 1 else None
+            path.call = compiler.route.direct_call(step, seen, roles)
             if path.call is None:
                 path.tries += 1
                 path.failed = path.tries >= DIRECT_TRIES
@@ -162,12 +169,12 @@ class StepCaller:
         return call(roles), "direct"
 
     def _checked_direct(
-        self, path: DirectPath, call: DirectCall, step: Step, roles: list[torch.Tensor], kwargs: dict[str, Any]
-    ) -> Sequence[torch.Tensor]:
+        self, path: DirectPath, call: DirectGraph, step: Step, roles: list[torch.Tensor], kwargs: dict[str, Any]
+    ) -> Sequence[Any]:
         """Run the step through `torch.compile`, then directly over the same inputs with the cache slots it wrote
-        overwritten with NaN: the direct call must give the same outputs (and no more: more would be what dynamo
-        does after the graph) and write the same slots. Else the direct call is dropped for good."""
-        normal = cast(Sequence[torch.Tensor], step(self.model, **kwargs))
+        overwritten with NaN: the direct call must give the same outputs (its graph's two, and no more: more would
+        be what dynamo does after the graph) and write the same slots. Else the direct call is dropped for good."""
+        normal = cast(Sequence[Any], step(self.model, **kwargs))
         slots = self.cache.plan.slots
         pools = [pool.view(pool.shape[0], -1, pool.shape[-1]) for pool in self.cache.pools()]
         written = [pool[:, slots].clone() for pool in pools]
@@ -175,7 +182,7 @@ class StepCaller:
             pool[:, slots] = float("nan")
         try:
             direct = call(roles)
-            same = len(direct) == len(normal) == 2 and all(map(torch.equal, direct, normal))
+            same = len(direct) == 2 and ran_graph(normal) and all(map(torch.equal, direct, normal[:2]))
             same = same and all(torch.equal(pool[:, slots], kept) for pool, kept in zip(pools, written, strict=True))
         except Exception as exc:  # any failure means: not this way
             logger.debug("direct graph call failed", exc_info=exc)

@@ -56,7 +56,8 @@ class StepInputs:
     rows: int  # the real rows: the first `rows` kept logits rows are the step's answer
     state_plan: StatePlan | None = None  # a hybrid model's mixers' split (None: left as it is)
     mask: StepMask | None = None  # the masks as the rows see them, when the batcher asks (`describe_masks`)
-    # Sizes kept symbolic when this call traces its graph: always, and where dynamo finds them not specialised.
+    # Sizes kept symbolic when this call traces its graph: always, and where dynamo finds them not specialised (the
+    # route marks them: `torch_gate.CompileRoute.mark_dynamic`).
     dynamic: Dims = field(default_factory=list)
     maybe_dynamic: Dims = field(default_factory=list)
 
@@ -80,8 +81,8 @@ class StepInputs:
 
     def roles(self, attention_mask: torch.Tensor, pools: list[torch.Tensor]) -> tuple[list[torch.Tensor], Signature]:
         """Every tensor the step passes, in a fixed order for the step's kind: what a graph called directly is
-        given (`direct_call`); and the step's signature: what dynamo's guards can read of the call that is not
-        the same object every step (each tensor's dtype, sizes and strides; the plans' types and other values)."""
+        given (`torch_door.direct_call`); and the step's signature: what dynamo's guards can read of the call that is
+        not the same object every step (each tensor's dtype, sizes and strides; the plans' types and other values)."""
         keep = [self.logits_to_keep] if isinstance(self.logits_to_keep, torch.Tensor) else []
         head = [self.input_ids, self.position_ids, *keep, attention_mask]
         signature: list[Hashable] = [_tensor_signature(tensor) for tensor in head]
@@ -89,13 +90,6 @@ class StepInputs:
         plans = walk_plan(self.cache_plan, signature) + walk_plan(self.plan, signature)
         signature += [_tensor_signature(pool) for pool in pools]
         return [*head, *plans, *pools], tuple(signature)
-
-    def mark_dynamic(self) -> None:
-        """Mark the sizes a tracing call keeps symbolic (one graph for every step of the kind)."""
-        for tensor, dim in self.dynamic:
-            torch._dynamo.mark_dynamic(tensor, dim)
-        for tensor, dim in self.maybe_dynamic:
-            torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
 def walk_plan(plan: object, signature: list[Hashable]) -> list[torch.Tensor]:

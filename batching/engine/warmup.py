@@ -14,6 +14,7 @@ from batching.engine.kv_cache import PagedKVCache
 from batching.engine.step_builder import StepBuilder
 from batching.engine.step_call import DIRECT_CHECKS, DIRECT_TRIES, StepAnswer
 from batching.engine.step_inputs import PackedStep
+from batching.engine.torch_gate import compile_route
 
 
 class Scratch(Protocol):
@@ -59,23 +60,43 @@ def warm_decode(
     make: ScratchMaker, forward: Callable[..., object], bucket: Bucket, compiler: StepCompiler | None
 ) -> None:
     """Run one decode step of this shape through the compiled forward on a scratch runner, which makes its graph;
-    then one of every smaller row count a decode step may have (2 up: one row is padded to two), so a count the
-    graph's guards refuse gets a graph of its own now, never in a step. Most models' first graph takes them all.
-    With `compiler`, then its direct call (`make_direct_call`)."""
+    where the route cannot mark sizes symbolic, one of other rows and columns (`_resized`: what differs, dynamo makes
+    symbolic); then one of every smaller row count a decode step may have (2 up: one row is padded to two), so a
+    count the graph's guards refuse gets a graph of its own now, never in a step. Most models' first graph takes them
+    all. With `compiler`, then its direct call (`make_direct_call`)."""
     rows, columns = bucket
-    scratch = make(rows, columns)
-    if scratch.reads_through_tables:
-        paged_decode.load()  # before the graph is traced: the graph calls the operator from then on
-    scratch.cache.lengths[:rows] = [columns - 1] * rows
-    slots = [scratch.cache.slots(row, columns - 1, 1)[0] for row in range(rows)]
+    scratch, slots = _decode_scratch(make, rows, columns)
     pad = scratch.builder.pad_token_id
     scratch.decode_with([pad] * rows, [0] * rows, slots, forward, bucket, trace=True)
+    if not compile_route()[1].marks_sizes:
+        other_rows, other_columns = _resized(rows, columns, scratch.cache.pool.block_size)
+        other, other_slots = _decode_scratch(make, other_rows, other_columns)
+        other.decode_with([pad] * other_rows, [0] * other_rows, other_slots, forward, (other_rows, other_columns))
     for count in range(2, rows):
         scratch.decode_with([pad] * count, [0] * count, slots[:count], forward, (count, columns))
     if compiler is not None:
         make_direct_call(
             compiler, lambda step: scratch.decode_with([pad] * rows, [0] * rows, slots, step, bucket, compiler)
         )
+
+
+def _decode_scratch(make: ScratchMaker, rows: int, columns: int) -> tuple[Scratch, list[int]]:
+    """A scratch runner of `rows` rows each holding `columns` - 1 columns, and each row's slot for its next token."""
+    scratch = make(rows, columns)
+    if scratch.reads_through_tables:
+        paged_decode.load()  # before the graph is traced: the graph calls the operator from then on
+    scratch.cache.lengths[:rows] = [columns - 1] * rows
+    return scratch, [scratch.cache.slots(row, columns - 1, 1)[0] for row in range(rows)]
+
+
+def _resized(rows: int, columns: int, block_size: int) -> tuple[int, int]:
+    """Another decode bucket than (`rows`, `columns`): a row fewer (never under two) and fewer blocks a row (never
+    under two: a size of 1 would be specialised on), their count unlike its rows (sizes traced equal would be one
+    symbol); the columns as they are where there are no fewer to take (a step of more then misses the graph once, and
+    it is made again, those sizes symbolic: `StepCompiler.missed`)."""
+    other_rows = rows - 1 if rows > 2 else rows
+    fewer = [width for width in range(columns // block_size - 1, 1, -1) if width != other_rows]
+    return other_rows, (fewer[0] * block_size if fewer else columns)
 
 
 # The prompt graph's linear layers are autotuned at the step it is traced with: inductor times each kernel for that
@@ -98,24 +119,36 @@ def warm_mixed(
 ) -> None:
     """Run one step with prompt chunks through the compiled forward on a scratch runner: single-token rows beside
     a later chunk and a long first one (`MIXED_TRACE_CHUNK`, the size its kernels are chosen for), every count
-    distinct, so no two sizes are traced equal. With `compiler`, then its direct call (`make_direct_call`), on
-    short steps of the same rows."""
-    _, columns = bucket
+    distinct, so no two sizes are traced equal; where the route cannot mark sizes symbolic, one with other counts
+    (what differs, dynamo makes symbolic). With `compiler`, then its direct call (`make_direct_call`), on short steps
+    of the same rows."""
     first = min(MIXED_TRACE_CHUNK, max_len // 2 - 8)
     first = first if first > 7 else 5  # a tiny context: as small as the other counts allow
-    columns = -(-(first + 1) // columns) * columns  # the bucket's columns, as many times as the first chunk needs
+    scratch, row_tokens = _mixed_scratch(make, capacity, bucket[1], first, 7)
+    scratch.mixed_with(forward, scratch.builder.pack(row_tokens), trace=True)
+    if not compile_route()[1].marks_sizes:
+        other, other_tokens = _mixed_scratch(make, capacity, bucket[1], max(first // 2, 9), 6)
+        other.mixed_with(forward, other.builder.pack(other_tokens))
+    if compiler is not None:
+        short = [tokens[:5] for tokens in row_tokens]
+        scratch.mixed_compiler = compiler
+        make_direct_call(compiler, lambda step: scratch.mixed_with(step, scratch.builder.pack(short)))
+
+
+def _mixed_scratch(
+    make: ScratchMaker, capacity: int, column_step: int, first: int, later: int
+) -> tuple[Scratch, list[list[int]]]:
+    """A scratch runner for a step with prompt chunks, and its rows' tokens: single-token rows, a later chunk of
+    `later` tokens and a first one of `first` (the columns as many steps of `column_step` as it needs)."""
+    columns = -(-(first + 1) // column_step) * column_step
     scratch = make(capacity, columns)
     if scratch.reads_through_tables:
         paged_decode.load()  # before the graph is traced, as for the decode graph
     pad = scratch.builder.pad_token_id
     scratch.cache.lengths[:capacity] = [columns // 2] * capacity
-    row_tokens: list[list[int]] = [[pad]] * max(min(capacity - 2, 3), 0) + [[pad] * 7]
+    row_tokens: list[list[int]] = [[pad]] * max(min(capacity - 2, 3), 0) + [[pad] * later]
     if capacity > 1:
         row_tokens.append([pad] * first)
         scratch.cache.lengths[len(row_tokens) - 1] = 0  # a first chunk
     row_tokens += [[] for _ in range(capacity - len(row_tokens))]
-    scratch.mixed_with(forward, scratch.builder.pack(row_tokens), trace=True)
-    if compiler is not None:
-        short = [tokens[:5] for tokens in row_tokens]
-        scratch.mixed_compiler = compiler
-        make_direct_call(compiler, lambda step: scratch.mixed_with(step, scratch.builder.pack(short)))
+    return scratch, row_tokens

@@ -62,6 +62,8 @@ class EngineInfo:
     features: str = ""  # the attention features in use, e.g. "sliding window 512 on 5 of 6 layers, soft-cap 50"
     thread_choice: ThreadChoice | None = None  # how many torch threads the engine runs on, and why
     weights: str = ""  # the weights' precision and bytes, e.g. "4-bit GPTQ, group 128 weights, 3.2 MiB"
+    # Which way compiled steps run, e.g. "torch internals: on (checked on torch 2.13)" (`torch_gate`); "" when off.
+    compile_route: str = ""
 
     @property
     def threads(self) -> str:

@@ -26,11 +26,11 @@ import batching.engine.paged_decode as paged_decode
 from batching.engine.batcher import Batcher
 from batching.engine.compiled import StepCompiler, pause_compiles, use_compile_cache
 from batching.engine.geometry import PoolGeometry
-from batching.engine.graph_cache import cache_hits
 from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
 from batching.engine.threads import pick_threads
+from batching.engine.torch_gate import allow_internals, compile_route
 from batching.service.core import EngineCore
 from batching.service.messages import (
     HEARTBEAT_S,
@@ -139,8 +139,13 @@ def _load(config: EngineConfig, outputs: Pulse) -> LoadedModel | None:
         torch.set_num_threads(choice.threads)
         if config.prepare is not None:  # the API server, which logs each line of its start
             outputs.send(Progress(choice.line() + (" (the first start's choice)" if config.threads else "")))
+        route = ""
         if config.engine.compile_steps:  # graphs are made in the background by the first decode steps
             use_compile_cache(config.engine.compile_cache_dir)
+            allow_internals(config.engine.torch_internals)
+            route = compile_route()[0].line  # which way compiled steps run: said in the log, and on the info
+            if config.prepare is not None:
+                outputs.send(Progress(route))
         # One tiny request, so the first real one does not pay for warm-up.
         warm = Batcher(loaded.model, loaded.tokenizer, BatcherOptions(max_batch_size=1, max_batched_tokens=64))
         warm.add("Hello", RequestParams(2))
@@ -171,6 +176,7 @@ def _load(config: EngineConfig, outputs: Pulse) -> LoadedModel | None:
         weights=loaded.weights.line(),
         thread_choice=choice,
         geometry=PoolGeometry.of(loaded.model),
+        compile_route=route,
     )
     outputs.send(Ready(info))
     return loaded
@@ -195,21 +201,22 @@ def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str
     small = dataclasses.replace(options, kv_blocks=options.max_batch_size, kv_cache_tokens=None, kv_cache_mb=None)
     runner = Batcher(loaded.model, loaded.tokenizer, small).runner
     eager = "failed: its steps run eager (see the log)"
-    parts: list[tuple[str, Callable[[], bool], str]] = []  # what, how to make it (True: made), what failing means
+    # What, how to make it (True: made), what failing means, and its compiler (which says whether it was cached).
+    parts: list[tuple[str, Callable[[], bool], str, StepCompiler | None]] = []
     if runner.reads_through_tables:
-        parts.append(("the paged-decode operator", paged_decode.load, eager))
-    for compiler in runner.compilers():
-        what = f"the graph of {compiler.what}s of {compiler.capacity} rows"
-        failed = "failed: every decode step takes the other graph (see the log)" if compiler.second else eager
-        parts.append((what, functools.partial(_made, compiler), failed))
+        parts.append(("the paged-decode operator", paged_decode.load, eager, None))
+    for graph in runner.compilers():
+        what = f"the graph of {graph.what}s of {graph.capacity} rows"
+        failed = "failed: every decode step takes the other graph (see the log)" if graph.second else eager
+        parts.append((what, functools.partial(_made, graph), failed, graph))
     started = time.perf_counter()
-    for number, (what, make, failed) in enumerate(parts, 1):
+    for number, (what, make, failed, compiler) in enumerate(parts, 1):
         bar = "#" * (number - 1) + "." * (len(parts) - number + 1)
         say(f"compiling [{bar}] {number}/{len(parts)}: {what}")
-        start, hits = time.perf_counter(), cache_hits()
+        start = time.perf_counter()
         made = make()
         outcome = f"in {time.perf_counter() - start:.1f} s" if made else failed
-        if made and cache_hits() > hits:
+        if made and compiler is not None and compiler.from_cache:
             outcome += " (read from the compile cache)"
         say(f"compiled  [{'#' * number}{'.' * (len(parts) - number)}] {number}/{len(parts)}: {what} {outcome}")
     if parts:

@@ -14,6 +14,7 @@ import torch
 from batching.engine.batcher import Batcher
 from batching.engine.events import Event, FinishedEvent, StepEvent
 from batching.engine.params import RequestParams
+from batching.engine.torch_gate import door_state
 from config.settings import ModelSettings
 from model.loader import LoadedModel, load_model
 
@@ -29,6 +30,17 @@ def one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def door_open() -> bool:
+    """Whether compiled steps go through torch's internals here (the checked torch, the setting on): the door's own
+    pieces (direct calls, frozen graphs kept on disk) are tested only then; the rest on either route."""
+    return door_state().open
+
+
+# How a ready graph's compiled steps run: called directly through the door; through `torch.compile`'s entry without.
+def ready_path() -> str:
+    return "direct" if door_open() else "compiled"
 
 
 # The device and dtype the engine tests load their models on: the CPU in float32, as CI runs them, unless a GPU check

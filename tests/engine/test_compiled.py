@@ -39,12 +39,23 @@ from batching.engine.params import RequestParams
 from batching.engine.runner import DIRECT_CHECKS, ModelRunner
 from batching.runs import RunRecord
 from tests.engine.families import family
-from tests.engine.helpers import finished_by_id, loaded, random_prompts, reference, run_with_late_arrivals, steps_of
+from tests.engine.helpers import (
+    door_open,
+    finished_by_id,
+    loaded,
+    random_prompts,
+    ready_path,
+    reference,
+    run_with_late_arrivals,
+    steps_of,
+)
 from tests.helpers import ROOT
 from tests.tiny_models import TINY_CONFIGS, save_tiny_models
 from utils.metrics.run import steps_kind
 
 CAPS = [40, 3, 25, 60, 9, 33]
+# The C++ GEMM templates need the weights frozen into the graph: through the door only.
+door_only = pytest.mark.skipif(not door_open(), reason="the door to torch's internals is closed: no frozen weights")
 
 
 def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_breaks() -> None:
@@ -60,17 +71,20 @@ def test_compiled_steps_equal_generate_token_for_token_with_one_graph_and_no_bre
     graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
     compiler.compile_now()
     assert compiler.ready and not compiler.failed
-    assert compiler.templates  # a small model's decode graph: its linear layers from the C++ templates only
+    # A small model's decode graph: its linear layers from the C++ templates only (they need frozen weights).
+    assert compiler.templates == door_open()
     compiled_before = batcher.runner.compiled_steps
     outputs = run_with_late_arrivals(batcher, prompts, CAPS, late_from=4, join_at_step=3, ignore_eos=True)
     for i, want in enumerate(expected):
         assert outputs[i] == want, f"request {i} (prompt {len(prompts[i])}, cap {CAPS[i]}) differs"
-    # Histories from under 32 to over 90 columns, rows from 4 down to 1: still the one graph made up front.
+    # Histories from under 32 to over 90 columns, rows from 4 down to 1: still the one graph made up front (two on
+    # the public route: traced as it came, then with other sizes, which dynamo made symbolic).
     assert batcher.runner.compiled_steps - compiled_before > 40
-    assert counters["stats"]["unique_graphs"] - graphs <= 1
+    assert counters["stats"]["unique_graphs"] - graphs <= (1 if door_open() else 2)
     assert sum(counters["graph_break"].values()) == breaks
 
 
+@door_only
 def test_small_models_decode_graphs_take_the_cpp_templates_only_when_autotuned_on_a_cpu() -> None:
     small = LlamaForCausalLM(TINY_CONFIGS["llama"])
     assert templates_only(small, autotune=True, kind="decode")
@@ -82,6 +96,7 @@ def test_small_models_decode_graphs_take_the_cpp_templates_only_when_autotuned_o
     assert not templates_only(gpt2, autotune=True, kind="decode")
 
 
+@door_only
 def test_a_large_models_decode_graph_keeps_the_mix_and_gets_a_second_one_from_the_templates() -> None:
     wide = LlamaForCausalLM(replace(TINY_CONFIGS["llama"], intermediate_size=TEMPLATES_ONLY_MAX_WEIGHT // 64 + 1))
     assert templates_beside(wide, autotune=True, kind="decode") and not templates_only(wide, True, "decode")
@@ -92,6 +107,7 @@ def test_a_large_models_decode_graph_keeps_the_mix_and_gets_a_second_one_from_th
     assert not templates_beside(GPT2LMHeadModel(TINY_CONFIGS["gpt2"]), autotune=True, kind="decode")
 
 
+@door_only
 def test_each_row_counts_decode_steps_take_the_faster_of_two_graphs_token_for_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,6 +137,7 @@ def test_each_row_counts_decode_steps_take_the_faster_of_two_graphs_token_for_to
     assert {step.path for step in steps_of(events)} >= {"direct"} and not second.failed
 
 
+@door_only
 def test_a_decode_graph_the_templates_cannot_make_alone_is_made_with_every_kernel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -230,11 +247,12 @@ def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it(
             batcher.add([5, 6, 7], RequestParams(400, ignore_eos=True))
         record.extend(batcher.step())
     decode = [step for step in record.steps[switch:] if not step.prefill_tokens]
-    # The next decode steps took the graph by its direct call, made and checked while the graph was made.
-    assert compiler.direct.checked == DIRECT_CHECKS
-    assert [step.path for step in decode] == ["direct"] * 5
-    direct = f"5 of {len(record.steps)} steps called their graph directly"
-    assert steps_kind(record) == f"eager, then compiled decode steps from step {decode[0].index + 1} ({direct})"
+    # The next decode steps took the graph (through the door, by its direct call, made and checked while the graph
+    # was made).
+    assert compiler.direct.checked == (DIRECT_CHECKS if door_open() else 0)
+    assert [step.path for step in decode] == [ready_path()] * 5
+    direct = f" (5 of {len(record.steps)} steps called their graph directly)" if door_open() else ""
+    assert steps_kind(record) == f"eager, then compiled decode steps from step {decode[0].index + 1}{direct}"
 
 
 def thread_cpu_s(native_id: int) -> float:
@@ -420,12 +438,12 @@ def test_a_ready_graph_keeps_running_while_another_is_made_and_no_step_ever_comp
     events = batcher.step()  # the first prompt step starts the prompt-step graph's compile, and runs eager
     assert prompt_graph.started and [step.path for step in steps_of(events)] == ["eager"]
     # The case: the decode graph is ready while the prompt-step graph is made (held, and holding dynamo's
-    # lock, as while the engine is busy). The decode steps go on through the ready graph by its direct call (made
-    # and checked with the graph), which neither compiles nor needs the lock.
+    # lock, as while the engine is busy). The decode steps go on through the ready graph (through the door, by its
+    # direct call, made and checked with the graph), which neither compiles nor needs the lock.
     with held_inside_dynamo(prompt_graph):
         steps = steps_in_a_thread(batcher, 8)
         assert not prompt_graph.ready
-    assert [step.path for step in steps] == ["direct"] * 8
+    assert [step.path for step in steps] == [ready_path()] * 8
     assert prompt_graph._thread is not None
     prompt_graph._thread.join(600)  # released: made (before TF32 is switched below, which a trace must not see)
     assert prompt_graph.ready
@@ -441,11 +459,11 @@ def test_a_ready_graph_keeps_running_while_another_is_made_and_no_step_ever_comp
         remade = steps_in_a_thread(batcher, 3)
     assert [step.path for step in remade] == ["compiled"] * 3  # the new graph (the direct call keeps the first)
     assert any("making it again in the background" in record.getMessage() for record in caplog.records)
-    assert [step.path for step in steps_in_a_thread(batcher, 2)] == ["direct"] * 2  # TF32 back: the first graph
+    assert [step.path for step in steps_in_a_thread(batcher, 2)] == [ready_path()] * 2  # TF32 back: the first graph
     assert not decode.failed
     second = batcher.add([9, 10, 11], RequestParams(5, ignore_eos=True))
     joined = batcher.step()  # its prompt step, beside the first request's decode row, through the prompt graph
-    assert [step.path for step in steps_of(joined)] == ["direct"]  # its direct call made with it
+    assert [step.path for step in steps_of(joined)] == [ready_path()]  # its direct call made with it
     events += [*joined, *batcher.run()]
     finished = finished_by_id(events)
     assert list(finished[request.request_id].output_ids) == reference(model.model, prompt, cap, ignore_eos=True)

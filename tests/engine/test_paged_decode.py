@@ -140,16 +140,33 @@ def test_plain_float32_families_on_the_cpu_take_it_and_the_others_gather(tiny_mo
     assert not paged_decode.supports(in_bfloat16)
 
 
-def test_a_lock_file_a_killed_build_left_is_cleared_and_the_operator_loads(tmp_path) -> None:
+# The fresh processes below build the operator for AVX2 (torch told so by ATEN_CPU_CAPABILITY) in one extension cache
+# they share: the first builds it (about a minute here), the next loads that build.
+AVX2 = {"ATEN_CPU_CAPABILITY": "avx2"}
+
+
+@pytest.fixture(scope="module")
+def extensions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The extension cache the fresh processes of this module build the operator in."""
+    return tmp_path_factory.mktemp("extensions")
+
+
+def _capability_under_avx2() -> str:
+    """The capability torch runs at when told AVX2: AVX2 where the CPU has it, else the CPU's own."""
+    native = torch.backends.cpu.get_cpu_capability()
+    return "AVX2" if native in ("AVX2", "AVX512") else native
+
+
+def test_a_lock_file_a_killed_build_left_is_cleared_and_the_operator_loads(extensions: Path) -> None:
     """torch's builder waits with no end while its `lock` file exists, and a process killed while building or
     loading (Ctrl-C on a first start) leaves it: without the clearing, this load never returns."""
-    name = paged_decode.build_target()[0]
-    folder = tmp_path / name
+    name = paged_decode.build_target(_capability_under_avx2())[0]
+    folder = extensions / name
     folder.mkdir()
     (folder / "lock").touch()
     script = "from batching.engine import paged_decode; print(paged_decode.load())"
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
-    try:  # a fresh process: this one has the operator loaded already; a build from nothing takes about 20 s here
+    env = {**os.environ, **AVX2, "TORCH_EXTENSIONS_DIR": str(extensions)}
+    try:  # a fresh process: this one has the operator loaded already
         done = subprocess.run(
             [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
         )
@@ -181,23 +198,23 @@ print(json.dumps([loaded, torch.backends.cpu.get_cpu_capability(), libraries]))
 """
 
 
-def test_a_build_made_for_other_instruction_sets_is_never_loaded(tmp_path) -> None:
+def test_a_build_made_for_other_instruction_sets_is_never_loaded(extensions: Path) -> None:
     """A shared extension cache holding the AVX-512 build, and one from before builds were named for their target,
     both planted as files that cannot load: a process on an AVX2 CPU (torch told so by ATEN_CPU_CAPABILITY) builds
-    and loads its own, which holds no AVX-512 instruction."""
+    (or finds, built by the test above) and loads its own, which holds no AVX-512 instruction."""
     planted = {}
     for name in (paged_decode.build_target("AVX512")[0], "batchscope_paged_decode"):
-        (tmp_path / name).mkdir()
-        planted[name] = tmp_path / name / f"{name}.so"
+        (extensions / name).mkdir()
+        planted[name] = extensions / name / f"{name}.so"
         planted[name].write_bytes(b"an AVX-512 build: SIGILL on this CPU")
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "ATEN_CPU_CAPABILITY": "avx2"}
+    env = {**os.environ, **AVX2, "TORCH_EXTENSIONS_DIR": str(extensions)}
     done = subprocess.run(
         [sys.executable, "-c", _LOAD_FOR_AVX2], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     loaded_it, capability, libraries = json.loads(done.stdout.strip().splitlines()[-1])
     name = paged_decode.build_target(capability)[0]
-    assert loaded_it and libraries == [str(tmp_path / name / f"{name}.so")], done.stderr[-3000:]
+    assert loaded_it and libraries == [str(extensions / name / f"{name}.so")], done.stderr[-3000:]
     assert all(path.read_bytes().startswith(b"an AVX-512 build") for path in planted.values())
     code = subprocess.run(["objdump", "-d", libraries[0]], capture_output=True, text=True, check=True).stdout
     assert "%zmm" not in code  # capability: AVX2 on an x86 CPU that has it; elsewhere torch's own, without AVX-512

@@ -19,6 +19,7 @@ from batching.engine.events import FinishedEvent, StepEvent, TokenEvent
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams, SamplingParams
 from batching.engine.request import FinishReason, Request
+from batching.engine.torch_gate import door_state
 from batching.service import EngineClient, EngineConfig, EngineDeadError, QueueFullError
 from batching.service.launch import EngineProcess
 from batching.service.messages import Heartbeat, Outputs, Ready, Shutdown, Submit
@@ -429,6 +430,8 @@ def test_the_engine_answers_while_its_steps_compile_then_says_they_are_compiled(
         options = replace(OPTIONS, max_batch_size=5, compile_steps=True, compile_autotune=False)
         session = compiling.open_session(options)
         assert wait_for(lambda: compiling.lifecycle.stats.compile.stage == "waiting")
+        # It said at its start which way its compiled steps run (as the settings leave the door to torch's internals).
+        assert compiling.info.compile_route == door_state(allowed=config.engine.torch_internals).line
         stages, answered_while_compiling = set(), 0
         prompts = random_prompts(40, vocab=300, seed=11, longest=12)
         index = 0

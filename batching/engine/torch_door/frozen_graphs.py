@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 
+from batching.engine.torch_door.direct_call import watch_calls_of
+
 logger = logging.getLogger(__name__)
 
-# Inductor's and AOT autograd's internals read here were checked on torch 2.13 (CPU build) only.
-CHECKED_TORCH = "2.13"
 FOLDER = "batchscope-frozen-graphs"  # inside inductor's cache folder, so clearing that clears these too
 FORMAT = 1  # bumped when what an entry holds changes
 
@@ -284,8 +284,7 @@ def _install_hooks() -> None:
 
 @contextlib.contextmanager
 def _recording_compile(enabled: bool) -> Iterator[_Recording]:
-    """A compile in this thread, recorded when `enabled` (on the torch the hooks were checked on: elsewhere they are
-    never installed, and nothing is kept)."""
+    """A compile in this thread, recorded when `enabled` (a CPU graph, with a cache folder to keep it in)."""
     recording = _Recording()
     if not enabled:
         yield recording
@@ -344,6 +343,7 @@ class FrozenGraphBackend(torch._TorchCompileInductorWrapper):
             def inner_compile(graph: torch.fx.GraphModule, inputs: Sequence[Any], **kwargs: Any) -> Any:
                 compiled_graph = compile_fx_inner(graph, inputs, **kwargs)
                 recording.graphs.append((compiled_graph, dict(kwargs)))
+                watch_calls_of(compiled_graph)
                 return compiled_graph
 
             made: Any = compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=patches)
@@ -355,7 +355,7 @@ class FrozenGraphBackend(torch._TorchCompileInductorWrapper):
         return made
 
     def _path(self, gm: torch.fx.GraphModule, patches: dict[str, Any]) -> Path | None:
-        if not torch.__version__.startswith(CHECKED_TORCH) or "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
             return None
         values = _placeholder_values(gm)
         if any(isinstance(value, torch.Tensor) and value.device.type != "cpu" for value in values):
@@ -368,7 +368,7 @@ class FrozenGraphBackend(torch._TorchCompileInductorWrapper):
         names, params = _aot_params(gm)
         for part in (
             f"format {FORMAT}",
-            f"torch {torch.__version__}",
+            f"torch {torch.version.__version__}",
             f"key {self.key}",
             f"options {sorted(options.items())!r}",
             # What inductor's own key holds beside the graph and is not in `options`: its whole configuration (set
@@ -485,6 +485,7 @@ class FrozenGraphBackend(torch._TorchCompileInductorWrapper):
         }
         kwargs.setdefault("is_backward", False)
         graph.post_compile(inputs, constants, kwargs)  # type: ignore[arg-type]
+        watch_calls_of(graph)
 
         def run(*args: Any) -> Any:
             return graph(list(args))

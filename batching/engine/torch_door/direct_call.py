@@ -5,8 +5,9 @@ dynamo's frame and AOT's wrappers, and inductor's wrapper turning each symbolic 
 are not the cost, and they still run.
 
 How a graph comes to be called directly:
-- **Capture.** One call through `torch.compile` is watched. Inductor's compiled graph (`CompiledFxGraph`) records
-  the flat inputs it gets: the step's tensors, and the symbolic sizes as ints.
+- **Capture.** One call through `torch.compile` is watched. Each compiled graph the door's backend makes
+  (`CompiledFxGraph`) has its own callable wrapped (`watch_calls_of`: that one object, the class as torch made it),
+  which records the flat inputs it gets: the step's tensors, and the symbolic sizes as ints.
 - **Recipe.** Each tensor input is matched, by identity, to one of the step's tensors (its "roles",
   `StepInputs.roles`). Each size is matched to a dimension of the first tensor input after it: dynamo passes a new
   symbol just before the first tensor that has it. An input that cannot be matched, or matched two ways: no recipe.
@@ -33,55 +34,36 @@ from typing import Any
 
 import torch
 from torch._C._dynamo.guards import GlobalStateGuard
-from torch.torch_version import TorchVersion
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # no public accessor
 
 from batching.engine.step_inputs import Signature
 
-# The internals it reads (inductor's `CompiledFxGraph` and its `current_callable`, dynamo's cache entries and guard
-# manager, the C++ wrapper's sizes as tensors) were checked on torch 2.13's CPU build only.
-CHECKED_TORCH = "2.13"
-_TORCH_CHECKED = TorchVersion(torch.__version__) >= CHECKED_TORCH  # read once: the runner asks every step
-
 MAX_ADMITTED = 4096  # signatures kept per graph (a decode graph meets one per row bucket and table width)
 
+UNWATCHED = "batchscope_unwatched"  # a watched graph's callable keeps the graph's own under this name
 _watch = threading.local()  # `sink`: the list a watched call appends its graph calls to (this thread only)
-_hook_lock = threading.Lock()
 
 
-def direct_calls_supported(device: torch.device) -> bool:
-    """Whether graphs on `device` may be called directly: on a CPU, under a torch it was checked on (a GPU's graphs
-    have Python wrappers, and decode steps there replay CUDA graphs instead: `cuda_graphs`)."""
-    return device.type == "cpu" and _TORCH_CHECKED
+def watch_calls_of(graph: Any) -> None:
+    """Let a watched call see `graph` (a compiled graph the door's backend made) called, with its flat inputs: the
+    graph's own callable wrapped, on this one object."""
+    call = graph.current_callable
+    if call is None or hasattr(call, UNWATCHED):
+        return
 
+    def watched(inputs: Sequence[Any]) -> Any:
+        sink = getattr(_watch, "sink", None)
+        if sink is not None:
+            sink.append((graph, list(inputs)))  # before the call: inductor's entry empties the list it is given
+        return call(inputs)
 
-def _graph_class() -> Any:
-    from torch._inductor.output_code import CompiledFxGraph  # inductor's: loaded only when first used
-
-    return CompiledFxGraph
-
-
-def _hook_graph_calls() -> None:
-    """Wrap `CompiledFxGraph.__call__` once, so a watched call can see the graph and its flat inputs."""
-    with _hook_lock:
-        graph_class = _graph_class()
-        original = graph_class.__call__
-        if getattr(original, "_batchscope_watch", False):
-            return
-
-        def watched(self: Any, inputs: Sequence[Any]) -> Any:
-            sink = getattr(_watch, "sink", None)
-            if sink is not None:
-                sink.append((self, list(inputs)))
-            return original(self, inputs)
-
-        watched._batchscope_watch = True  # type: ignore[attr-defined]
-        graph_class.__call__ = watched
+    setattr(watched, UNWATCHED, call)
+    graph.current_callable = watched
 
 
 @contextlib.contextmanager
 def watching_graph_calls() -> Iterator[list[tuple[Any, list[Any]]]]:
     """Within the block, this thread's compiled graph calls are recorded: (graph, its flat inputs)."""
-    _hook_graph_calls()
     sink: list[tuple[Any, list[Any]]] = []
     _watch.sink = sink
     try:
@@ -142,8 +124,6 @@ def graph_guards(forward: Callable[..., object]) -> Any | None:
     code = getattr(function, "__code__", None)
     if code is None:
         return None
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list  # no public accessor
-
     entries = _debug_get_cache_entry_list(code)
     return entries[0].guard_manager if len(entries) == 1 else None
 
@@ -168,6 +148,7 @@ class DirectCall:
         """The direct call of `forward`'s graph, seen called with `inputs`; None when it cannot be made safely."""
         recipe = recipe_for(inputs, roles)
         call = getattr(graph, "current_callable", None)
+        call = getattr(call, UNWATCHED, call)  # past the watch (`watch_calls_of`)
         guards = graph_guards(forward)
         if recipe is None or call is None or guards is None:
             return None
@@ -208,13 +189,3 @@ class DirectCall:
             sizes = torch.zeros(len(self.recipe), dtype=torch.int64)
             buffers = self._sizes.buffers = (sizes.numpy(), [sizes[i] for i in range(len(self.recipe))])
         return buffers
-
-
-@dataclass
-class DirectPath:
-    """A step kind's direct call: not yet made, being checked, in use, or given up (the normal call for good)."""
-
-    call: DirectCall | None = None
-    checked: int = 0  # calls that ran both ways and agreed
-    tries: int = 0  # watched calls that gave no recipe (a size matched two dimensions of its tensor, say)
-    failed: bool = False
