@@ -29,6 +29,7 @@ from batching.engine.geometry import PoolGeometry
 from batching.engine.model_support import UnsupportedModelError, attention_features, check_supported
 from batching.engine.options import BatcherOptions
 from batching.engine.params import RequestParams
+from batching.engine.runner import ModelRunner
 from batching.engine.threads import pick_threads
 from batching.engine.torch_gate import allow_internals, compile_route
 from batching.service.core import EngineCore
@@ -185,9 +186,15 @@ def _load(config: EngineConfig, outputs: Pulse) -> LoadedModel | None:
 def start_graphs(loaded: LoadedModel, options: BatcherOptions) -> None:
     """Start making, each in a background thread, every graph a batcher with `options` steps through: they run while
     the engine is idle and sleep while anything steps (`pause_compiles`)."""
-    small = dataclasses.replace(options, kv_blocks=options.max_batch_size, kv_cache_tokens=None, kv_cache_mb=None)
-    for compiler in Batcher(loaded.model, loaded.tokenizer, small).runner.compilers():
+    for compiler in _graph_runner(loaded, options).compilers():
         compiler.start()
+
+
+def _graph_runner(loaded: LoadedModel, options: BatcherOptions) -> ModelRunner:
+    """A runner of `options`' shape on the smallest pool: graphs do not depend on the pool's size (they are traced
+    on a scratch pool)."""
+    small = dataclasses.replace(options, kv_blocks=options.max_batch_size, kv_cache_tokens=None, kv_cache_mb=None)
+    return Batcher(loaded.model, loaded.tokenizer, small).runner
 
 
 def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str], None]) -> None:
@@ -197,9 +204,7 @@ def make_graphs(loaded: LoadedModel, options: BatcherOptions, say: Callable[[str
     one reads the graphs from the disk cache (said on their lines) after tracing the steps again. One that cannot be
     made is said, and its steps stay eager.
     """
-    # The graphs do not depend on the pool's size (they are traced on a scratch pool): the smallest will do.
-    small = dataclasses.replace(options, kv_blocks=options.max_batch_size, kv_cache_tokens=None, kv_cache_mb=None)
-    runner = Batcher(loaded.model, loaded.tokenizer, small).runner
+    runner = _graph_runner(loaded, options)
     eager = "failed: its steps run eager (see the log)"
     # What, how to make it (True: made), what failing means, and its compiler (which says whether it was cached).
     parts: list[tuple[str, Callable[[], bool], str, StepCompiler | None]] = []
