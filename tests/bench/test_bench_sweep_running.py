@@ -5,7 +5,6 @@ line and exit code 2."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 
 from batching.bench.cli import main
 from batching.sweep import auto_rates
-from tests.serve.helpers import our_server
+from tests.serve.helpers import our_server, two_eager_servers
 from tests.serve.routers import Router, running_router
 
 CAPS = [5, 2, 7, 3]
@@ -23,10 +22,8 @@ PROMPTS = ["How do I track my order?", "Hello", "What's your return policy?", "P
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    folder = tmp_path_factory.mktemp("running")
-    with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(our_server(folder, args=("--no-compile",)))[0] for _ in range(2)]
-        yield urls[0], urls[1]
+    with two_eager_servers(tmp_path_factory.mktemp("running")) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ python -m pytest tests/browser/test_browser_fleet.py`. The suite never writes a 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.browser.helpers import BROWSER_MARKS, IDLE, new_page, open_view
-from tests.serve.helpers import our_server
+from tests.serve.helpers import two_eager_servers
 from tests.serve.routers import Router, running_router
 
 pytestmark = BROWSER_MARKS
@@ -27,10 +26,8 @@ pytestmark = BROWSER_MARKS
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    folder = tmp_path_factory.mktemp("browser-fleet")
-    with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(our_server(folder, args=("--no-compile",)))[0] for _ in range(2)]
-        yield urls[0], urls[1]
+    with two_eager_servers(tmp_path_factory.mktemp("browser-fleet")) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module")

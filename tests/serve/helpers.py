@@ -62,6 +62,14 @@ def our_server(
             process.wait()
 
 
+@contextlib.contextmanager
+def two_eager_servers(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """Two of `our_server` with `--no-compile` (a fleet's replicas, or two servers to sweep), their URLs."""
+    with contextlib.ExitStack() as stack:
+        first, second = (stack.enter_context(our_server(tmp_path, args=("--no-compile",)))[0] for _ in range(2))
+        yield first, second
+
+
 def served(url: str) -> tuple[int, int]:
     """What our server's /metrics says it has answered so far: (requests finished, tokens generated)."""
     page = read_metrics(url)

@@ -4,7 +4,6 @@ they forward taken at the values that cannot change the answer (any other value 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from config.settings import ModelSettings
 from model.loader import load_model
 from model.prompting import format_prompt
 from tests.engine.helpers import reference
-from tests.serve.helpers import openai_client, our_server, post_json, served
+from tests.serve.helpers import openai_client, post_json, served, two_eager_servers
 from tests.serve.routers import ROUTERS, Router, running_router
 
 MODEL = "builtin"
@@ -25,10 +24,8 @@ QUESTIONS = [request.prompt for request in load_workload("customer-support").req
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    folder = tmp_path_factory.mktemp("fleet")
-    with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(our_server(folder, args=("--no-compile",)))[0] for _ in range(2)]
-        yield urls[0], urls[1]
+    with two_eager_servers(tmp_path_factory.mktemp("fleet")) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module", params=sorted(ROUTERS))

@@ -4,24 +4,21 @@ each replica's batch and KV use drawn side by side from its own /metrics, and ho
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator
 
 import pytest
 
 from tests.app.remote.test_page import _add, _generate, _open, remote_env  # noqa: F401 (a fixture)
-from tests.serve.helpers import our_server, served
+from tests.serve.helpers import served, two_eager_servers
 from tests.serve.routers import ROUTERS, Router, running_router
 from utils.plain_text import escape_markdown
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    folder = tmp_path_factory.mktemp("fleet-view")
-    with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(our_server(folder, args=("--no-compile",)))[0] for _ in range(2)]
-        yield urls[0], urls[1]
+    with two_eager_servers(tmp_path_factory.mktemp("fleet-view")) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module", params=sorted(ROUTERS))

@@ -6,7 +6,6 @@ inline with Run off."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,17 +15,15 @@ from streamlit.testing.v1 import AppTest
 from tests.app.sweep.test_page import SWEEP, charts
 from tests.app.test_app import button, open_app, tiny_env  # noqa: F401 (a fixture)
 from tests.bench.vllm_helpers import RunningVllm
-from tests.serve.helpers import our_server
+from tests.serve.helpers import two_eager_servers
 from tests.serve.routers import Router, running_router
 from utils.plain_text import escape_markdown
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    folder = tmp_path_factory.mktemp("page-servers")
-    with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(our_server(folder, args=("--no-compile",)))[0] for _ in range(2)]
-        yield urls[0], urls[1]
+    with two_eager_servers(tmp_path_factory.mktemp("page-servers")) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module")
