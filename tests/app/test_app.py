@@ -656,6 +656,7 @@ def test_the_default_embedded_model_answers_the_customer_support_example(monkeyp
     assert continuous.steps < static.steps
 
 
+@pytest.mark.long
 def test_the_embedded_models_4bit_copy_is_picked_in_the_sidebar_and_races_as_itself(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -44,6 +44,7 @@ def _run(argv: list[str]) -> int:
     return main(["sweep", *argv, "--no-progress", "--ignore-eos"])
 
 
+@pytest.mark.long
 def test_two_running_servers_and_the_fleet_behind_vllm_router_are_each_swept_with_their_own_figures(
     servers: tuple[str, str], router: Router, workload: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

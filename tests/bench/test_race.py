@@ -378,6 +378,7 @@ def test_a_model_the_engine_cannot_run_exactly_is_refused_with_exit_code_2(
     assert err[0].startswith("bench race: error: model type falcon is not supported: its ALiBi position biases")
 
 
+@pytest.mark.long
 def test_the_compiled_mode_and_the_floor_are_reported_with_compile_time_apart(
     tiny_model_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -32,6 +32,7 @@ def page(app_url: str, chromium):
     return page
 
 
+@pytest.mark.long
 def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None:
     """The data editor draws on a canvas: click a cell, type, Enter (slowly, or input is dropped)."""
     page.get_by_test_id("stMain").get_by_role("button", name="Load example").click()
@@ -73,6 +74,7 @@ def test_caps_edited_and_rows_deleted_in_the_table_reach_the_queue(page) -> None
     assert grid.get_by_test_id("glide-cell-3-0").text_content() == "5"  # unchanged
 
 
+@pytest.mark.long
 def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, record_property, tmp_path) -> None:
     page.get_by_test_id("stMain").get_by_role("button", name="Load example").click()
     page.get_by_text("11 of 64 prompts").wait_for()

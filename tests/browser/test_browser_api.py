@@ -49,6 +49,7 @@ def _wait_for_api(url: str) -> None:
     raise AssertionError("the API inside the page's process did not answer /health in 60 s")
 
 
+@pytest.mark.long
 def test_an_api_request_shares_the_batch_with_a_tabs_run(app_with_api: tuple[str, str], chromium) -> None:
     page_url, api_url = app_with_api
     page = new_page(chromium, page_url)  # the first page load starts the engine and the API

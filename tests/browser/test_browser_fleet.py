@@ -45,6 +45,7 @@ def _fill(page, label: str, text: str) -> None:
     page.wait_for_selector(IDLE)
 
 
+@pytest.mark.long
 def test_a_sweep_of_running_servers_and_a_fleet_draws_each_on_the_same_charts(
     app_url: str, chromium, servers: tuple[str, str], router: Router, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -85,6 +86,7 @@ def test_a_sweep_of_running_servers_and_a_fleet_draws_each_on_the_same_charts(
     page.screenshot(path=screenshot or str(tmp_path / "sweep-servers.png"), clip=clip)
 
 
+@pytest.mark.long
 def test_the_remote_view_through_the_router_draws_each_replica_side_by_side(
     app_url: str, chromium, servers: tuple[str, str], router: Router, tmp_path: Path
 ) -> None:

@@ -31,6 +31,7 @@ def blocks_held(page) -> list[tuple[int, int]]:
     return [(int(match[1]), int(match[2])) for match in (HELD.search(line) for line in lines) if match]
 
 
+@pytest.mark.long
 def test_mid_race_both_lanes_pools_take_blocks_and_give_them_back(page, tmp_path) -> None:
     main = page.get_by_test_id("stMain")
     main.get_by_role("button", name="Load example").click()

@@ -39,6 +39,7 @@ def set_slow_motion(page, steps_of_10_ms: int) -> None:
     assert slider.get_by_test_id("stSliderThumbValue").inner_text() == str(10 * steps_of_10_ms)
 
 
+@pytest.mark.long
 def test_a_race_at_real_speed_ends_with_both_lanes_answered_and_the_speedup(page) -> None:
     main = page.get_by_test_id("stMain")
     main.get_by_role("button", name="Load example").click()
@@ -83,6 +84,7 @@ def test_the_wait_strip_and_the_inter_token_gaps_are_drawn_for_both_lanes(page, 
         page.set_viewport_size(viewport)
 
 
+@pytest.mark.long
 def test_mid_race_both_lanes_stream_a_new_prompt_joins_both_and_stop_cancels_both(page, tmp_path) -> None:
     set_slow_motion(page, 3)  # 30 ms between steps: long enough to act in the middle of the race
     main = page.get_by_test_id("stMain")

@@ -31,6 +31,7 @@ def remote_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
                 stop_streamlit(app)
 
 
+@pytest.mark.long
 def test_a_remote_run_streams_compares_and_exports(remote_app: tuple[str, str], chromium, tmp_path: Path) -> None:
     app_url, _ = remote_app
     page = new_page(chromium, app_url)

@@ -27,6 +27,7 @@ def page_on_vllm(vllm: RunningVllm, tmp_path_factory: pytest.TempPathFactory) ->
             stop_streamlit(app)
 
 
+@pytest.mark.long
 def test_the_page_runs_the_example_queue_on_vllm_and_charts_vllms_own_telemetry(
     page_on_vllm: str, vllm: RunningVllm, chromium
 ) -> None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 from tests.browser.helpers import BROWSER_MARKS, IDLE, new_page, open_view
 
 pytestmark = BROWSER_MARKS
 
 
+@pytest.mark.long
 def test_a_sweep_runs_with_a_progress_bar_and_ends_with_its_headline_charts_and_table(
     app_url: str, chromium, tmp_path
 ) -> None:

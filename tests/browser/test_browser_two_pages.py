@@ -20,6 +20,8 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from batching.bench.workloads import load_workload
 from tests.browser.helpers import BROWSER_MARKS, IDLE, add_prompt, new_page, use_shared_engine
 from utils.charts.run import OTHERS  # the occupancy legend's name for other users' requests
@@ -72,6 +74,7 @@ def shared_steps(steps: dict[int, list[str]]) -> list[int]:
     return [step for step, slots in steps.items() if "other" in slots and any(slot.startswith("#") for slot in slots)]
 
 
+@pytest.mark.long
 def test_two_pages_share_one_batch_but_see_only_their_own_answers(app_url, chromium, record_property) -> None:
     assert not set(B_PROMPTS) & set(EXAMPLE_PROMPTS), "the two pages need distinct prompts"
     began = time.perf_counter()

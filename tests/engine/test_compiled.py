@@ -108,6 +108,7 @@ def test_a_large_models_decode_graph_keeps_the_mix_and_gets_a_second_one_from_th
 
 
 @door_only
+@pytest.mark.long
 def test_each_row_counts_decode_steps_take_the_faster_of_two_graphs_token_for_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -138,6 +139,7 @@ def test_each_row_counts_decode_steps_take_the_faster_of_two_graphs_token_for_to
 
 
 @door_only
+@pytest.mark.long
 def test_a_decode_graph_the_templates_cannot_make_alone_is_made_with_every_kernel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -173,6 +175,7 @@ def test_the_prompt_graph_takes_every_step_whose_attention_reads_through_the_tab
         assert fits_prompt_graph(tokens, longest, through_tables=True)
 
 
+@pytest.mark.long
 def test_prompts_short_and_long_go_through_the_prompt_graph_when_attention_reads_through_the_tables(
     tiny_model_dirs,
 ) -> None:
@@ -209,6 +212,7 @@ def test_prompts_short_and_long_go_through_the_prompt_graph_when_attention_reads
     assert not runner.mixed_compiler.failed
 
 
+@pytest.mark.long
 def test_the_batcher_answers_while_its_graph_is_made_then_switches_to_it(
     tiny_model_dirs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -290,6 +294,7 @@ def test_compiled_steps_are_off_unless_asked() -> None:
     assert Batcher(model.model, model.tokenizer, BatcherOptions(max_batch_size=2)).runner.compiler is None
 
 
+@pytest.mark.long
 def test_two_models_of_one_architecture_each_step_on_their_own_weights() -> None:
     # Compiled graphs hold the weights as constants and skip guards on modules: a graph made for one model must
     # never serve another of the same class and shapes.
@@ -415,6 +420,7 @@ def tf32_flipped() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+@pytest.mark.long
 def test_a_ready_graph_keeps_running_while_another_is_made_and_no_step_ever_compiles(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

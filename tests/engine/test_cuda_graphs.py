@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import torch
 
 from batching.engine import paged_decode
@@ -52,6 +53,7 @@ class _CaptureRuns(DecodeGraphs):
         self.failed = True
 
 
+@pytest.mark.long
 def test_a_capture_runs_the_step_through_its_graph_each_time_over_the_same_inputs(family_model_dirs, monkeypatch):
     # A GPU's decode steps attend through additive masks, built once a step and kept on the step's mask: after a
     # compiled call the mask is stored there, and a second call over the same inputs was refused by the graph's guards

@@ -62,6 +62,7 @@ def _short_of_the_top(model: LoadedModel, prompt: list[int], output: list[int]) 
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.long
 def test_half_precision_answers_eager_and_compiled_are_the_models_own_greedy_choices_up_to_rounding(
     dtype: str, large_logits: Path, tiny_model_dirs: dict[str, Path]
 ) -> None:

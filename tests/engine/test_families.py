@@ -46,6 +46,14 @@ ONE_TOKEN = (RowKind.DECODE, RowKind.HELD)  # a step whose rows are all these is
 # Families whose steps with prompt chunks also go through a compiled graph here (10-20 s a graph): the plain case,
 # a sliding window with soft-capping, attention sinks, MLA's value head size, learned positions, and GPTQ weights.
 PROMPT_GRAPH_FAMILIES = ["llama", "gemma2", "gpt_oss", "deepseek_v3", "opt", "gemma4", "llama_gptq"]
+# The compiled families the default run keeps (each compile is 8-20 s cold): the plain case, a hybrid's states, GPTQ
+# weights; every other family's graphs are `long` checks, run by CI (`python -m pytest -m long`, docs/testing.md).
+DEFAULT_COMPILED = {"llama", "lfm2", "llama_gptq"}
+
+
+def _long_but_default(names: list[str]) -> list[object]:
+    """`names` as parameters, all but `DEFAULT_COMPILED`'s marked `long`."""
+    return [name if name in DEFAULT_COMPILED else pytest.param(name, marks=pytest.mark.long) for name in names]
 
 
 def _prompts() -> list[list[int]]:
@@ -98,6 +106,7 @@ def test_preemption_and_prefix_hits_stay_exact_for_every_supported_family(family
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_gemma4s_compiled_decode_steps_stay_exact_through_preemptions_and_prefix_hits(family_model_dirs) -> None:
     """The same with compiled decode steps, for the family whose layers share keys and values: a preempted request's
     recomputed blocks and a prefix hit's shared ones are read by the reusing layers through the graph too."""
@@ -165,7 +174,7 @@ def _compiled_options(mode: str, prompt_steps: bool = False, slots: int = COMPIL
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", EXACT)
+@pytest.mark.parametrize("name", _long_but_default(EXACT))
 def test_compiled_decode_steps_equal_generate_for_every_supported_family(family_model_dirs, name, mode) -> None:
     model = loaded(str(family_model_dirs[name]))
     batcher = Batcher(model.model, model.tokenizer, _compiled_options(mode), mode=mode)
@@ -186,7 +195,7 @@ def test_compiled_decode_steps_equal_generate_for_every_supported_family(family_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", PROMPT_GRAPH_FAMILIES)
+@pytest.mark.parametrize("name", _long_but_default(PROMPT_GRAPH_FAMILIES))
 def test_compiled_prompt_steps_equal_generate(family_model_dirs, name, mode) -> None:
     model = loaded(str(family_model_dirs[name]))
     # Three slots: the eight requests make three static waves, a prompt step each (four slots would make two).

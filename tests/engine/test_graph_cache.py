@@ -158,6 +158,7 @@ def starts(tiny_model_dirs: dict[str, Path], other_weights: Path, tmp_path_facto
 
 
 @door_only
+@pytest.mark.long
 def test_a_second_start_reads_its_graph_from_the_disk_cache_and_a_model_with_other_weights_compiles_its_own(
     starts: Starts,
 ) -> None:

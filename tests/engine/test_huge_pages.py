@@ -32,6 +32,7 @@ def _huge_kib(environment: dict[str, str]) -> int:
     huge_pages.kernel_choice() not in ("always", "madvise") or not Path("/proc/self/smaps_rollup").exists(),
     reason="this kernel offers no transparent huge pages",
 )
+@pytest.mark.long
 def test_importing_the_engine_puts_big_tensors_on_huge_pages() -> None:
     environment = {key: value for key, value in os.environ.items() if key != ENV}
     assert _huge_kib(environment) >= 2048  # at least one 2 MiB page of the 64 MiB tensor

@@ -157,6 +157,7 @@ def _capability_under_avx2() -> str:
     return "AVX2" if native in ("AVX2", "AVX512") else native
 
 
+@pytest.mark.long
 def test_a_lock_file_a_killed_build_left_is_cleared_and_the_operator_loads(extensions: Path) -> None:
     """torch's builder waits with no end while its `lock` file exists, and a process killed while building or
     loading (Ctrl-C on a first start) leaves it: without the clearing, this load never returns."""
@@ -221,6 +222,7 @@ def test_a_build_made_for_other_instruction_sets_is_never_loaded(extensions: Pat
     assert ("%ymm" in code) is (capability == "AVX2")  # an AVX2 build's vectors; none in a base build
 
 
+@pytest.mark.long
 def test_a_build_that_fails_leaves_compiled_steps_on_the_gathered_path_token_for_token(
     tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

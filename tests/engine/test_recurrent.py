@@ -189,6 +189,7 @@ def failing_after_the_graph_ran(compiler: StepCompiler) -> Iterator[None]:
         compiler.forward = forward
 
 
+@pytest.mark.long
 def test_a_hybrids_compiled_step_that_fails_after_writing_states_reruns_eager_from_the_states_before_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

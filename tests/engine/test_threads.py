@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from batching.engine import omp_wait, threads
@@ -87,6 +88,7 @@ def test_the_probe_times_real_decode_steps_and_leaves_torch_as_it_was(tiny_model
     assert f"{choice.threads} of 2 thread(s)" in choice.line()
 
 
+@pytest.mark.long
 def test_the_engine_package_leaves_the_openmp_wait_policy_to_the_environment() -> None:
     """libgomp reads the policy once, when torch loads it: importing the engine must not have set one (a passive
     wait made two threads 4.6x slower than spinning on a quiet machine); a user's own setting stays."""

@@ -107,6 +107,7 @@ def _result(process: subprocess.Popen[str]) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.long
 def test_without_the_door_or_with_it_closed_the_engine_serves_compiled_and_eager_token_for_token(
     tiny_model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -73,6 +73,7 @@ def test_a_cap_beyond_what_the_prompt_leaves_ends_the_answer_at_the_window(url: 
     assert answer.usage.completion_tokens == WINDOW - len(prompt) and answer.choices[0].finish_reason == "length"
 
 
+@pytest.mark.long
 def test_schemathesis_with_all_its_checks_finds_nothing_and_the_server_answers_token_exact_after(
     url: str, tmp_path: Path
 ) -> None:

@@ -44,6 +44,7 @@ def _expected(builtin, prompt: str, cap: int) -> str:
     return builtin.tokenizer.decode(reference(builtin.model, ids, cap), skip_special_tokens=True)
 
 
+@pytest.mark.long
 def test_completions_through_the_router_are_generates_answers_and_round_robin_uses_both_servers(
     router: Router, servers: tuple[str, str], builtin
 ) -> None:

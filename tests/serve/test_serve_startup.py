@@ -34,6 +34,7 @@ def _index(lines: list[str], text: str) -> int:
     return next(number for number, line in enumerate(lines) if text in line)
 
 
+@pytest.mark.long
 def test_a_server_makes_its_graphs_before_it_listens_and_runs_no_step_it_serves_eager(
     tiny_model_dirs: dict, tmp_path: Path
 ) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from batching.arrivals import Schedule
 from batching.engine.batcher import MODES
 from batching.engine.events import FinishedEvent
@@ -53,6 +55,7 @@ def _to_the_end(race: RaceHandle) -> tuple[dict[str, RunRecord], RaceEnded]:
     raise AssertionError(f"the race did not end within {RACE_TIMEOUT_S:.0f} s")
 
 
+@pytest.mark.long
 def test_a_race_waits_for_its_graphs_so_every_decode_step_of_both_lanes_runs_compiled(tiny_model_dirs, tmp_path):
     config = EngineConfig(
         ModelSettings(name_or_path=str(tiny_model_dirs["qwen2"]), device="cpu", dtype="float32"),

@@ -416,6 +416,7 @@ def test_a_client_that_imported_gptqmodel_starts_its_engine_fresh_and_it_serves_
             process.kill()
 
 
+@pytest.mark.long
 def test_the_engine_answers_while_its_steps_compile_then_says_they_are_compiled(tiny_model_dirs, qwen, tmp_path):
     """The default: an engine starts eager, the first decode steps start the compile in the background, requests
     are answered meanwhile, and the engine says when its steps are compiled; answers stay exact throughout."""

@@ -31,6 +31,7 @@ def _titles(at) -> list[str]:
     return [str(json.loads(element.proto.spec).get("title")) for element in at.get("vega_lite_chart")]
 
 
+@pytest.mark.long
 def test_the_queue_through_a_router_draws_each_replica_side_by_side_and_the_spread(
     remote_env: pytest.MonkeyPatch,  # noqa: F811
     servers: tuple[str, str],

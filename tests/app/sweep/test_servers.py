@@ -53,6 +53,7 @@ def test_the_servers_choice_says_what_is_missing_or_wrong_and_run_is_off(tiny_en
     assert "Replicas are read behind a router" in at.error[0].value and button(at, "Run sweep").disabled
 
 
+@pytest.mark.long
 def test_two_servers_and_a_fleet_behind_vllm_router_are_swept_from_the_page_on_the_same_charts(
     tiny_env: Path,  # noqa: F811
     servers: tuple[str, str],
@@ -105,6 +106,7 @@ def test_a_server_with_nothing_listening_is_one_message_and_nothing_runs(tiny_en
     assert "sweep_run" not in at.session_state
 
 
+@pytest.mark.long
 def test_our_server_and_vllms_cpu_build_are_swept_from_the_page_with_vllms_own_figures(
     tiny_env: Path,  # noqa: F811
     servers: tuple[str, str],
