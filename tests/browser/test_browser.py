@@ -115,6 +115,7 @@ def test_answers_stream_while_the_run_goes_on_and_the_comparison_follows(page, r
     page.set_viewport_size({"width": 1440, "height": 1000})
 
 
+@pytest.mark.long  # reads the page a long test before it left
 def test_a_click_on_the_token_grid_opens_that_step_in_the_inspector(page, record_property, tmp_path) -> None:
     main = page.get_by_test_id("stMain")
     main.get_by_text("4 · Inside the steps").scroll_into_view_if_needed()
@@ -165,6 +166,7 @@ def test_a_click_on_the_token_grid_opens_that_step_in_the_inspector(page, record
     page.set_viewport_size({"width": 1440, "height": 1000})
 
 
+@pytest.mark.long  # reads the page a long test before it left
 def test_a_prompt_added_mid_run_joins_it_and_stop_cancels_the_rest(page) -> None:
     # Staggered arrivals, one every 3 s (the slider's end), keep the run going long enough to act in the middle
     # of it even on a loaded machine (at 0.5 s, every prompt could be sent before Stop got through).

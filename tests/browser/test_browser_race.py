@@ -59,6 +59,7 @@ def test_a_race_at_real_speed_ends_with_both_lanes_answered_and_the_speedup(page
     assert main.get_by_text("static wave running", exact=True).count() >= 1  # the numbers' table of reasons
 
 
+@pytest.mark.long  # reads the page a long test before it left
 def test_the_wait_strip_and_the_inter_token_gaps_are_drawn_for_both_lanes(page, tmp_path) -> None:
     """After the race above: both rows are there for both lanes; the README's picture of them when
     BATCHSCOPE_WAIT_SCREENSHOT names a file."""
